@@ -1,0 +1,48 @@
+"""django-outbox: a transactional outbox for Django and Celery.
+
+Public API::
+
+    from django_outbox import send
+    with transaction.atomic():
+        order.save()
+        send("order.created", {"id": order.pk}, to="orders", key=f"order:{order.pk}")
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django_outbox.exceptions import (
+    ConfigurationError,
+    DeliveryError,
+    OutboxError,
+    PayloadError,
+    PayloadTooLarge,
+    PermanentError,
+    RetryableError,
+    UnknownDestination,
+)
+
+if TYPE_CHECKING:
+    from django_outbox.outbox.api import send
+
+__all__ = [
+    "ConfigurationError",
+    "DeliveryError",
+    "OutboxError",
+    "PayloadError",
+    "PayloadTooLarge",
+    "PermanentError",
+    "RetryableError",
+    "UnknownDestination",
+    "send",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # send() needs the models, which may not be imported before apps are ready.
+    if name == "send":
+        from django_outbox.outbox.api import send
+
+        return send
+    raise AttributeError(f"module 'django_outbox' has no attribute {name!r}")

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class DjangoOutboxConfig(AppConfig):
+    name = "django_outbox"
+    verbose_name = "Outbox"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_outbox import checks  # noqa: F401  (registers the system checks)

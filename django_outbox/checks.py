@@ -1,0 +1,47 @@
+"""System checks for the ``DJANGO_OUTBOX`` setting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import connections
+
+from django_outbox.conf import SETTING_NAME, load
+from django_outbox.exceptions import ConfigurationError
+
+
+@checks.register("django_outbox")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Validate ``DJANGO_OUTBOX`` and every destination's transport options."""
+    from django_outbox.outbox.transports.registry import transport_class
+
+    try:
+        config = load(getattr(settings, SETTING_NAME, None))
+    except ConfigurationError as exc:
+        return [checks.Error(str(exc), id="django_outbox.E001")]
+    problems: list[checks.CheckMessage] = []
+    if not config.destinations:
+        problems.append(
+            checks.Warning(
+                f"{SETTING_NAME}['DESTINATIONS'] is empty: send() will refuse every message",
+                id="django_outbox.W001",
+            )
+        )
+    for destination in config.destinations.values():
+        try:
+            cls = transport_class(destination)
+        except ConfigurationError as exc:
+            problems.append(checks.Error(str(exc), id="django_outbox.E002"))
+            continue
+        problems.extend(cls.check(destination))
+    if config.dispatch == "notify" and connections["default"].vendor != "postgresql":
+        problems.append(
+            checks.Warning(
+                f"{SETTING_NAME}['DISPATCH'] is 'notify' but the database is not PostgreSQL; "
+                "outbox_relay will poll instead",
+                id="django_outbox.W002",
+            )
+        )
+    return problems

@@ -1,0 +1,13 @@
+"""The engine shared by the outbox, the inbox and jobs.
+
+Rows that the engine drives have the fields ``state``, ``attempts``,
+``locked_until`` and ``lock_token``. The engine claims batches under a lease,
+records outcomes with fencing (a stale lease holder changes nothing), computes
+backoff, and purges finished rows in bounded batches.
+"""
+
+from django_outbox.engine.backoff import backoff_delay
+from django_outbox.engine.lease import Lease, claim, fenced, update_each
+from django_outbox.engine.purge import purge_in_batches
+
+__all__ = ["Lease", "backoff_delay", "claim", "fenced", "purge_in_batches", "update_each"]

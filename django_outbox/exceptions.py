@@ -1,0 +1,40 @@
+"""Exceptions raised by django-outbox.
+
+Errors a caller can act on derive from :class:`OutboxError`. Transports
+signal the outcome of a publish with :class:`RetryableError` (try again
+later) or :class:`PermanentError` (no point retrying).
+"""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error django-outbox raises on purpose."""
+
+
+class ConfigurationError(OutboxError):
+    """The ``DJANGO_OUTBOX`` setting is invalid; the message says which key."""
+
+
+class PayloadError(OutboxError, ValueError):
+    """A payload or header value cannot be serialized to JSON."""
+
+
+class PayloadTooLarge(PayloadError):
+    """The serialized payload is larger than ``MAX_PAYLOAD_BYTES``."""
+
+
+class UnknownDestination(OutboxError, LookupError):
+    """``send(to=...)`` names a destination that is not configured."""
+
+
+class DeliveryError(OutboxError):
+    """Base class of the errors a transport reports for one message."""
+
+
+class RetryableError(DeliveryError):
+    """A failure that may succeed later (broker down, timeout, 5xx)."""
+
+
+class PermanentError(DeliveryError):
+    """A failure that will not succeed by retrying (4xx, rejected message)."""

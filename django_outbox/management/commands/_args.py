@@ -1,0 +1,40 @@
+"""argparse ``type=`` validators shared by the outbox commands."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def message_ref(text: str) -> int | uuid.UUID:
+    """A row id (integer) or a message id (UUID)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a row id or a message UUID, got {text!r}") from None

@@ -1,0 +1,135 @@
+"""``send()``: record the intent to send in the caller's transaction."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections, router, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from django_outbox.conf import get_settings
+from django_outbox.exceptions import PayloadError, PayloadTooLarge
+from django_outbox.outbox import dispatch
+from django_outbox.outbox.models import OutboxKey, OutboxMessage
+
+MAX_TYPE_LENGTH = 255
+MAX_KEY_LENGTH = 255
+
+
+def send(
+    type: str,
+    payload: Any,
+    *,
+    to: str = "default",
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    correlation_id: str | None = None,
+    using: str | None = None,
+) -> OutboxMessage:
+    """Record a message for destination *to*; it is published after the transaction commits.
+
+    Validation happens before anything touches the database, so a bad call
+    raises (``PayloadError``, ``PayloadTooLarge``, ``UnknownDestination``,
+    ``ValueError``) and leaves the caller's transaction usable. Messages with
+    the same *key* get increasing sequence numbers in commit order and are
+    published in that order. Costs one INSERT (plus one counter UPSERT when a
+    key is given) and at most one dispatch per transaction.
+    """
+    config = get_settings()
+    config.destination(to)
+    _check_text("type", type, MAX_TYPE_LENGTH, required=True)
+    _check_text("key", key, MAX_KEY_LENGTH)
+    _check_text("correlation_id", correlation_id, 255)
+    header_map = _check_headers(headers)
+    size = len(_encode(payload, what=f"payload of {type!r}"))
+    if size > config.max_payload_bytes:
+        raise PayloadTooLarge(
+            f"payload of {type!r} is {size} bytes encoded; MAX_PAYLOAD_BYTES is "
+            f"{config.max_payload_bytes}"
+        )
+    db = using or router.db_for_write(OutboxMessage)
+    message = OutboxMessage(
+        type=type,
+        destination=to,
+        payload=payload,
+        headers=header_map,
+        key=key,
+        correlation_id=correlation_id,
+    )
+    if connections[db].in_atomic_block:
+        _insert(message, db)
+    else:
+        # The key counter's row lock must last until the message row commits.
+        with transaction.atomic(using=db):
+            _insert(message, db)
+    dispatch.schedule(db, message.pk)
+    return message
+
+
+def _insert(message: OutboxMessage, db: str) -> None:
+    now = timezone.now()
+    message.created_at = message.available_at = now
+    if message.key is not None:
+        message.sequence = next_sequence(db, message.destination, message.key)
+    message.save(force_insert=True, using=db)
+
+
+def next_sequence(db: str, destination: str, key: str) -> int:
+    """Take the next sequence number of (*destination*, *key*).
+
+    The counter row stays locked until the caller's transaction ends, so a
+    concurrent sender of the same key waits: sequence order is commit order.
+    """
+    connection = connections[db]
+    if connection.vendor in ("postgresql", "sqlite"):
+        q = connection.ops.quote_name
+        table, last = q(OutboxKey._meta.db_table), q("last_sequence")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}) VALUES (%s, %s, 1) "
+                f"ON CONFLICT ({q('destination')}, {q('key')}) DO UPDATE "
+                f"SET {last} = {table}.{last} + 1 RETURNING {last}",
+                [destination, key],
+            )
+            return int(cursor.fetchone()[0])
+    counters = OutboxKey.objects.using(db)
+    row, created = counters.select_for_update().get_or_create(
+        destination=destination, key=key, defaults={"last_sequence": 1}
+    )
+    if created:
+        return 1
+    counters.filter(pk=row.pk).update(last_sequence=F("last_sequence") + 1)
+    return row.last_sequence + 1
+
+
+def _encode(value: Any, *, what: str) -> bytes:
+    try:
+        return json.dumps(
+            value, cls=DjangoJSONEncoder, allow_nan=False, separators=(",", ":")
+        ).encode()
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"{what} is not JSON-serializable: {exc}") from exc
+
+
+def _check_text(name: str, value: Any, limit: int, *, required: bool = False) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise ValueError(f"{name} is {len(value)} characters; the limit is {limit}")
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise PayloadError(f"headers must be a mapping of strings, got {type(headers).__name__}")
+    bad = [k for k, v in headers.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if bad:
+        raise PayloadError(f"header names and values must be strings; bad: {bad!r}")
+    return dict(headers)

@@ -1,0 +1,80 @@
+"""What a transport publishes: a message detached from the database."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+if TYPE_CHECKING:
+    from django_outbox.outbox.models import OutboxMessage
+
+#: Header names every published message carries (lower-case, protocol-neutral).
+HEADER_MESSAGE_ID = "outbox-message-id"
+HEADER_TYPE = "outbox-type"
+HEADER_KEY = "outbox-key"
+HEADER_SEQUENCE = "outbox-sequence"
+HEADER_CORRELATION_ID = "outbox-correlation-id"
+HEADER_CREATED_AT = "outbox-created-at"
+HEADER_ATTEMPT = "outbox-attempt"
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message as handed to a transport (no database access)."""
+
+    message_id: UUID
+    type: str
+    destination: str
+    payload: Any
+    key: str | None = None
+    sequence: int | None = None
+    correlation_id: str | None = None
+    created_at: datetime | None = None
+    attempt: int = 1
+    user_headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_message(cls, message: OutboxMessage) -> Envelope:
+        """Build the envelope of an outbox row."""
+        return cls(
+            message_id=message.message_id,
+            type=message.type,
+            destination=message.destination,
+            payload=message.payload,
+            key=message.key,
+            sequence=message.sequence,
+            correlation_id=message.correlation_id,
+            created_at=message.created_at,
+            attempt=message.attempts,
+            user_headers=message.headers or {},
+        )
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """User headers plus the standard ``outbox-*`` headers (which win)."""
+        headers = {str(k): str(v) for k, v in self.user_headers.items()}
+        headers[HEADER_MESSAGE_ID] = str(self.message_id)
+        headers[HEADER_TYPE] = self.type
+        headers[HEADER_CORRELATION_ID] = self.correlation_id or str(self.message_id)
+        headers[HEADER_ATTEMPT] = str(self.attempt)
+        if self.key is not None:
+            headers[HEADER_KEY] = self.key
+            headers[HEADER_SEQUENCE] = str(self.sequence)
+        if self.created_at is not None:
+            headers[HEADER_CREATED_AT] = self.created_at.isoformat()
+        return headers
+
+    def body(self) -> bytes:
+        """The payload as compact UTF-8 JSON."""
+        return encode_json(self.payload)
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact JSON bytes, the same encoding ``send()`` validated."""
+    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,200 @@
+"""Outgoing messages: the outbox table and the per-key sequence counters."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class OutboxState(models.TextChoices):
+    """States of an outgoing message; the names are public (admin, metrics, docs)."""
+
+    #: Waiting to be published once ``available_at`` has passed. Entered by
+    #: ``send()``, a retryable failure, lease recovery (resend) or requeue.
+    SHOULD_BE_SENT = "should_be_sent", "should be sent"
+    #: Claimed by a relay under a lease (``locked_until``/``lock_token``).
+    SENDING = "sending", "sending"
+    #: Published and confirmed by the transport. Final; purged after retention.
+    SENT = "sent", "sent"
+    #: Dead-lettered: permanent failure, attempts exhausted, or an uncertain
+    #: outcome under the ``hold`` policy. Waits for an operator.
+    SEND_ERROR = "send_error", "send error"
+    #: Cancelled by an operator. Final; purged after retention.
+    CANCELLED = "cancelled", "cancelled"
+
+
+#: States in which a message still blocks later messages of its key.
+UNFINISHED_STATES = (OutboxState.SHOULD_BE_SENT, OutboxState.SENDING, OutboxState.SEND_ERROR)
+#: States whose rows the purge deletes once past retention.
+FINISHED_STATES = (OutboxState.SENT, OutboxState.CANCELLED)
+#: States from which an operator may requeue or cancel.
+REQUEUEABLE_STATES = (OutboxState.SEND_ERROR,)
+CANCELLABLE_STATES = (OutboxState.SHOULD_BE_SENT, OutboxState.SEND_ERROR)
+
+
+class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
+    """Selections and operator transitions over outgoing messages."""
+
+    def due(self, now: datetime) -> OutboxMessageQuerySet:
+        """Messages waiting to be sent whose ``available_at`` has passed."""
+        return self.filter(state=OutboxState.SHOULD_BE_SENT, available_at__lte=now)
+
+    def stuck(self, now: datetime) -> OutboxMessageQuerySet:
+        """Messages in ``sending`` whose lease expired (their sender died)."""
+        return self.filter(state=OutboxState.SENDING, locked_until__lt=now)
+
+    def purgeable(self, before: datetime) -> OutboxMessageQuerySet:
+        """Finished messages (sent, cancelled) that finished before *before*."""
+        return self.filter(state__in=FINISHED_STATES, finished_at__lt=before)
+
+    def requeue(self, now: datetime | None = None) -> int:
+        """Move ``send_error`` messages back to ``should_be_sent`` with attempts reset."""
+        return self.filter(state__in=REQUEUEABLE_STATES).update(
+            state=OutboxState.SHOULD_BE_SENT,
+            attempts=0,
+            available_at=now or timezone.now(),
+            uncertain=False,
+            locked_until=None,
+            lock_token=None,
+        )
+
+    def cancel(self, now: datetime | None = None) -> int:
+        """Cancel messages that are not being sent and not finished."""
+        return self.filter(state__in=CANCELLABLE_STATES).update(
+            state=OutboxState.CANCELLED,
+            finished_at=now or timezone.now(),
+            locked_until=None,
+            lock_token=None,
+        )
+
+
+class OutboxMessage(models.Model):
+    """One outgoing message, inserted in the caller's transaction by ``send()``."""
+
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.UUIDField(
+        default=uuid.uuid4, unique=True, editable=False, help_text="Idempotency key."
+    )
+    type = models.CharField(max_length=255)
+    destination = models.CharField(max_length=100)
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
+    headers = models.JSONField(default=dict, blank=True)
+    key = models.CharField(max_length=255, null=True, blank=True, help_text="Ordering key.")
+    sequence = models.BigIntegerField(null=True, blank=True, help_text="Position within key.")
+    correlation_id = models.CharField(max_length=255, null=True, blank=True)
+    state = models.CharField(
+        max_length=20, choices=OutboxState.choices, default=OutboxState.SHOULD_BE_SENT
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    available_at = models.DateTimeField(default=timezone.now)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    lock_token = models.UUIDField(null=True, blank=True, help_text="Fencing token of the lease.")
+    last_error = models.TextField(blank=True, default="")
+    uncertain = models.BooleanField(
+        default=False, help_text="The sender died mid-publish: it may or may not have arrived."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OutboxMessageQuerySet.as_manager()
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_message"
+        verbose_name = "outbox message"
+        ordering = ("-id",)
+        permissions = (
+            ("requeue_outboxmessage", "Can requeue outbox messages"),
+            ("cancel_outboxmessage", "Can cancel outbox messages"),
+        )
+        indexes = (
+            # The relay's hot query: what is due, oldest first.
+            models.Index(
+                fields=("available_at", "id"),
+                condition=Q(state="should_be_sent"),
+                name="outbox_msg_due_idx",
+            ),
+            models.Index(
+                fields=("locked_until",), condition=Q(state="sending"), name="outbox_msg_lease_idx"
+            ),
+            # Ordering check: is an earlier message of this key unfinished?
+            models.Index(
+                fields=("destination", "key", "sequence"),
+                condition=Q(state__in=("should_be_sent", "sending", "send_error"))
+                & Q(key__isnull=False),
+                name="outbox_msg_key_open_idx",
+            ),
+            models.Index(
+                fields=("finished_at",),
+                condition=Q(state__in=("sent", "cancelled")),
+                name="outbox_msg_finished_idx",
+            ),
+            models.Index(fields=("id",), condition=Q(state="send_error"), name="outbox_msg_error_idx"),
+        )
+        constraints = (
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in OutboxState]), name="outbox_msg_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="sent") | Q(sent_at__isnull=False), name="outbox_msg_sent_has_sent_at"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state__in=("sent", "cancelled")) | Q(finished_at__isnull=False),
+                name="outbox_msg_finished_has_finished_at",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="sending")
+                | (Q(locked_until__isnull=False) & Q(lock_token__isnull=False)),
+                name="outbox_msg_sending_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=Q(key__isnull=True, sequence__isnull=True)
+                | Q(key__isnull=False, sequence__isnull=False),
+                name="outbox_msg_key_has_sequence",
+            ),
+            models.UniqueConstraint(
+                fields=("destination", "key", "sequence"),
+                condition=Q(key__isnull=False),
+                name="outbox_msg_key_sequence_unique",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.type} → {self.destination} [{self.state}] {self.message_id}"
+
+    def requeue(self, now: datetime | None = None) -> bool:
+        """Requeue this message if it is in ``send_error``; return whether it moved."""
+        moved = OutboxMessage.objects.filter(pk=self.pk).requeue(now) == 1
+        self.refresh_from_db()
+        return moved
+
+    def cancel(self, now: datetime | None = None) -> bool:
+        """Cancel this message if it is not sending or finished; return whether it moved."""
+        moved = OutboxMessage.objects.filter(pk=self.pk).cancel(now) == 1
+        self.refresh_from_db()
+        return moved
+
+
+class OutboxKey(models.Model):
+    """Last sequence number handed out per (destination, key)."""
+
+    destination = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+    last_sequence = models.BigIntegerField(default=0)
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_key"
+        constraints = (
+            models.UniqueConstraint(fields=("destination", "key"), name="outbox_key_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.destination}:{self.key} @ {self.last_sequence}"
+

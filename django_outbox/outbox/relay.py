@@ -1,0 +1,326 @@
+"""The relay: claim due messages in batches, publish them, record the outcomes.
+
+One cycle (``Relay.run_batch``) is: claim up to ``BATCH_SIZE`` due messages
+under a lease in one short transaction, publish them per destination, then
+record every outcome in a few UPDATEs fenced by the lease token, so a relay
+whose lease was taken over changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import Exists, F, OuterRef, Q
+from django.utils import timezone
+
+from django_outbox import signals
+from django_outbox.conf import OutboxSettings, get_settings
+from django_outbox.engine import Lease, backoff_delay, claim, fenced, update_each
+from django_outbox.exceptions import (
+    ConfigurationError,
+    DeliveryError,
+    PermanentError,
+    RetryableError,
+    UnknownDestination,
+)
+from django_outbox.outbox.envelope import Envelope
+from django_outbox.outbox.models import (
+    UNFINISHED_STATES,
+    OutboxMessage,
+    OutboxMessageQuerySet,
+    OutboxState,
+)
+from django_outbox.outbox.transports.base import Outcomes
+from django_outbox.outbox.transports.registry import get_transport
+
+logger = logging.getLogger("django_outbox.relay")
+
+ERROR_CHARS = 4000
+
+
+@dataclass
+class RelayResult:
+    """Counts of one or more relay cycles."""
+
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+    #: Claimed but not attempted: an earlier message of the key failed.
+    released: int = 0
+    #: Outcomes not recorded because the lease had been taken over.
+    fenced: int = 0
+    batches: int = 0
+
+    def __iadd__(self, other: RelayResult) -> RelayResult:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class Relay:
+    """Moves outbox rows to their transports. Cheap to build; reuse it in loops."""
+
+    def __init__(
+        self,
+        *,
+        using: str = DEFAULT_DB_ALIAS,
+        batch_size: int | None = None,
+        config: OutboxSettings | None = None,
+        clock: Callable[[], datetime] = timezone.now,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.using = using
+        self.config = config or get_settings()
+        self.batch_size = batch_size or self.config.batch_size
+        self.clock = clock
+        self.rng = rng or random.Random()
+
+    # -- selection ---------------------------------------------------------
+
+    def claimable(self, now: datetime) -> OutboxMessageQuerySet:
+        """Due messages whose key has no earlier unfinished message, oldest first."""
+        earlier_open = OutboxMessage.objects.filter(
+            destination=OuterRef("destination"),
+            key=OuterRef("key"),
+            sequence__lt=OuterRef("sequence"),
+            state__in=UNFINISHED_STATES,
+        )
+        return (
+            OutboxMessage.objects.using(self.using)
+            .due(now)
+            .filter(Q(key__isnull=True) | ~Exists(earlier_open))
+            .order_by("available_at", "id")
+        )
+
+    def _claim(self, now: datetime, lease: Lease, ids: Sequence[int] | None) -> list[OutboxMessage]:
+        queryset = self.claimable(now)
+        if ids is not None:
+            queryset = queryset.filter(pk__in=ids)
+        with transaction.atomic(using=self.using):
+            rows = claim(
+                queryset, lease=lease, limit=self.batch_size, running_state=OutboxState.SENDING
+            )
+            room = self.batch_size - len(rows)
+            if room > 0 and any(row.key is not None for row in rows):
+                rows += self._claim_followers(rows, now, lease, room)
+        return rows
+
+    def _claim_followers(
+        self, heads: Sequence[OutboxMessage], now: datetime, lease: Lease, room: int
+    ) -> list[OutboxMessage]:
+        """Claim the due messages right behind the keyed heads we hold.
+
+        No other relay can claim them: their earlier message (our head) is
+        unfinished, so they fail every other claimer's ordering test.
+        """
+        tails = {(r.destination, r.key): r.sequence for r in heads if r.key is not None}
+        behind = Q()
+        for (destination, key), sequence in tails.items():
+            behind |= Q(destination=destination, key=key, sequence__gt=sequence)
+        candidates = (
+            OutboxMessage.objects.using(self.using)
+            .filter(behind, state__in=UNFINISHED_STATES)
+            .order_by("destination", "key", "sequence")
+            .only("id", "destination", "key", "sequence", "state", "available_at")[: room * 4]
+        )
+        chosen: list[int] = []
+        blocked: set[tuple[str, str | None]] = set()
+        for row in candidates:
+            slot = (row.destination, row.key)
+            if slot in blocked:
+                continue
+            if row.state != OutboxState.SHOULD_BE_SENT or row.available_at > now:
+                blocked.add(slot)
+                continue
+            chosen.append(row.pk)
+            if len(chosen) >= room:
+                break
+        if not chosen:
+            return []
+        followers = OutboxMessage.objects.using(self.using).filter(
+            pk__in=chosen, state=OutboxState.SHOULD_BE_SENT
+        )
+        return claim(followers, lease=lease, limit=room, running_state=OutboxState.SENDING)
+
+    # -- the cycle ---------------------------------------------------------
+
+    def run_batch(self, ids: Sequence[int] | None = None) -> RelayResult:
+        """Claim one batch (restricted to *ids* if given), publish it, record outcomes."""
+        now = self.clock()
+        lease = Lease.new(now, self.config.lease_seconds)
+        rows = self._claim(now, lease, ids)
+        result = RelayResult(claimed=len(rows), batches=1 if rows else 0)
+        if not rows:
+            return result
+        by_destination: dict[str, list[OutboxMessage]] = defaultdict(list)
+        for row in rows:
+            by_destination[row.destination].append(row)
+        for destination, messages in by_destination.items():
+            messages.sort(key=_publish_order)
+            outcomes = self._publish(destination, messages)
+            signals.outbox_batch_published.send(
+                sender=Relay, destination=destination, messages=messages, outcomes=outcomes
+            )
+            result += self._record(destination, messages, outcomes, lease)
+        return result
+
+    def _publish(self, destination: str, messages: Sequence[OutboxMessage]) -> Outcomes:
+        try:
+            config = self.config.destination(destination)
+            transport = get_transport(config)
+        except UnknownDestination as exc:
+            return dict.fromkeys((m.message_id for m in messages), PermanentError(str(exc)))
+        except ConfigurationError as exc:
+            return dict.fromkeys((m.message_id for m in messages), RetryableError(str(exc)))
+        envelopes = [Envelope.from_message(m) for m in messages]
+        try:
+            return transport.publish(envelopes)
+        except Exception as exc:  # a transport bug must not leave rows stuck in sending
+            logger.exception("transport for %r raised", destination)
+            error = RetryableError(f"{type(exc).__name__}: {exc}")
+            return dict.fromkeys((e.message_id for e in envelopes), error)
+
+    def _record(
+        self,
+        destination: str,
+        messages: Sequence[OutboxMessage],
+        outcomes: Outcomes,
+        lease: Lease,
+    ) -> RelayResult:
+        now = self.clock()
+        result = RelayResult()
+        held = fenced(OutboxMessage, [m.pk for m in messages], lease, OutboxState.SENDING, self.using)
+        sent = [m for m in messages if m.message_id in outcomes and outcomes[m.message_id] is None]
+        untried = [m for m in messages if m.message_id not in outcomes]
+        failures = [(m, outcomes[m.message_id]) for m in messages if outcomes.get(m.message_id)]
+        max_attempts = self._max_attempts(destination)
+        changes: dict[int, dict[str, Any]] = {}
+        failed_signals: list[tuple[OutboxMessage, str, bool]] = []
+        for message, error in failures:
+            assert error is not None
+            text = _error_text(error)
+            retry = isinstance(error, RetryableError) and message.attempts < max_attempts
+            if retry:
+                delay = backoff_delay(
+                    message.attempts,
+                    base=self.config.retry_base_seconds,
+                    maximum=self.config.retry_max_seconds,
+                    rng=self.rng,
+                )
+                change = {
+                    "state": OutboxState.SHOULD_BE_SENT,
+                    "available_at": now + timedelta(seconds=delay),
+                    "last_error": text,
+                }
+                result.retried += 1
+            else:
+                if isinstance(error, RetryableError):
+                    text = f"gave up after {message.attempts} attempts: {text}"
+                change = {"state": OutboxState.SEND_ERROR, "last_error": text}
+                result.failed += 1
+            changes[message.pk] = {**change, "locked_until": None, "lock_token": None}
+            failed_signals.append((message, text, retry))
+
+        with transaction.atomic(using=self.using):
+            recorded = 0
+            if sent:
+                recorded += held.filter(pk__in=[m.pk for m in sent]).update(
+                    state=OutboxState.SENT,
+                    sent_at=now,
+                    finished_at=now,
+                    locked_until=None,
+                    lock_token=None,
+                )
+            if untried:
+                recorded += held.filter(pk__in=[m.pk for m in untried]).update(
+                    state=OutboxState.SHOULD_BE_SENT,
+                    attempts=F("attempts") - 1,
+                    locked_until=None,
+                    lock_token=None,
+                )
+            recorded += update_each(held, changes)
+        result.sent = len(sent)
+        result.released = len(untried)
+        result.fenced = len(messages) - recorded
+        if result.fenced:
+            logger.warning(
+                "%d outcome(s) for %r not recorded: the lease expired and was taken over",
+                result.fenced,
+                destination,
+            )
+        if sent:
+            signals.outbox_messages_sent.send(sender=Relay, messages=sent)
+            logger.debug("sent %d message(s) to %r", len(sent), destination)
+        for message, text, retry in failed_signals:
+            log = logger.warning if retry else logger.error
+            log(
+                "message %s (%s → %s) attempt %d failed%s: %s",
+                message.message_id,
+                message.type,
+                destination,
+                message.attempts,
+                ", will retry" if retry else ", moved to send_error",
+                text,
+            )
+            signals.outbox_message_failed.send(
+                sender=Relay, message=message, error=text, will_retry=retry
+            )
+        return result
+
+    def _max_attempts(self, destination: str) -> int:
+        config = self.config.destinations.get(destination)
+        return config.max_attempts if config else self.config.max_attempts
+
+    # -- loops -------------------------------------------------------------
+
+    def drain(self, *, time_budget: float | None = None, max_batches: int | None = None) -> RelayResult:
+        """Run batches until nothing is due, the budget (seconds) or *max_batches* is spent."""
+        budget = self.config.drain_seconds if time_budget is None else time_budget
+        deadline = time.monotonic() + budget
+        total = RelayResult()
+        while max_batches is None or total.batches < max_batches:
+            result = self.run_batch()
+            total += result
+            if result.claimed < self.batch_size or time.monotonic() >= deadline:
+                break
+        return total
+
+    def deliver(self, ids: Iterable[int]) -> RelayResult:
+        """Deliver the messages *ids* (an on-commit trigger), then drain what else is due.
+
+        If another relay already took all of *ids*, return at once: under load
+        many triggers collapse into the few relays that are draining.
+        """
+        wanted = sorted(set(ids))
+        total = RelayResult()
+        for start in range(0, len(wanted), self.batch_size):
+            total += self.run_batch(wanted[start : start + self.batch_size])
+        if total.claimed == 0:
+            return total
+        total += self.drain()
+        return total
+
+
+def _publish_order(message: OutboxMessage) -> tuple[Any, ...]:
+    # Keyed messages in (key, sequence) order; the rest keep their claim order.
+    return (message.key is not None, message.key or "", message.sequence or 0, message.pk)
+
+
+def _error_text(error: DeliveryError) -> str:
+    text = str(error) or type(error).__name__
+    return text[:ERROR_CHARS]
+
+
+__all__ = ["Relay", "RelayResult"]

@@ -1,0 +1,78 @@
+"""The transport interface."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import ClassVar
+from uuid import UUID
+
+from django.core import checks
+
+from django_outbox.conf import Destination
+from django_outbox.exceptions import DeliveryError, RetryableError
+from django_outbox.outbox.envelope import Envelope
+
+logger = logging.getLogger("django_outbox.transport")
+
+#: Per message id: ``None`` when published, the error otherwise. A message
+#: missing from the mapping was not attempted (held back behind its key).
+Outcomes = dict[UUID, DeliveryError | None]
+
+
+class Transport:
+    """Publishes batches of envelopes to one destination.
+
+    A transport is built once per process and destination and reused; it must
+    keep its connections open between batches and reconnect after failures.
+    ``publish`` receives envelopes of one key in sequence order and must not
+    publish a message after an earlier message of the same key failed.
+    """
+
+    #: Option names (lower-case) this transport requires.
+    required_options: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, destination: Destination) -> None:
+        self.destination = destination
+        self.options = destination.options
+
+    @classmethod
+    def check(cls, destination: Destination) -> list[checks.CheckMessage]:
+        """System-check problems with *destination*'s options (none by default)."""
+        return [
+            checks.Error(
+                f"destination {destination.name!r}: {name.upper()} is required for the "
+                f"{destination.transport} transport",
+                id="django_outbox.E010",
+            )
+            for name in cls.required_options
+            if not destination.options.get(name)
+        ]
+
+    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+        """Publish *envelopes* one by one; a failed key skips its later messages."""
+        outcomes: Outcomes = {}
+        failed_keys: set[str] = set()
+        for envelope in envelopes:
+            if envelope.key is not None and envelope.key in failed_keys:
+                continue
+            try:
+                self.publish_one(envelope)
+            except DeliveryError as exc:
+                outcomes[envelope.message_id] = exc
+            except Exception as exc:  # a transport bug must not lose the row
+                logger.exception("unexpected error publishing %s", envelope.message_id)
+                outcomes[envelope.message_id] = RetryableError(f"{type(exc).__name__}: {exc}")
+            else:
+                outcomes[envelope.message_id] = None
+                continue
+            if envelope.key is not None:
+                failed_keys.add(envelope.key)
+        return outcomes
+
+    def publish_one(self, envelope: Envelope) -> None:
+        """Publish one envelope or raise ``RetryableError``/``PermanentError``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement publish or publish_one")
+
+    def close(self) -> None:
+        """Release connections (called on settings change and at shutdown)."""

@@ -1,0 +1,108 @@
+"""HTTP webhook transport (httpx).
+
+Each message is POSTed as JSON with an ``Idempotency-Key`` header (the
+message id), the ``outbox-*`` headers and, when ``SECRET`` is set, an
+``Outbox-Signature`` HMAC-SHA256 header. 2xx is sent; 408, 425 and 429 are
+retried like 5xx, timeouts and connection errors; any other status is a
+permanent failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx  # optional dependency: django-outbox[http]
+from django.core import checks
+
+from django_outbox import signing
+from django_outbox.conf import Destination
+from django_outbox.exceptions import PermanentError, RetryableError
+from django_outbox.outbox.envelope import Envelope
+from django_outbox.outbox.transports.base import Transport
+
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+#: How much of an error response body is kept in ``last_error``.
+ERROR_BODY_CHARS = 500
+
+
+class HttpTransport(Transport):
+    """POSTs each message to ``URL``.
+
+    Options: ``URL`` (required; ``{type}`` is substituted), ``SECRET`` (HMAC
+    key; strongly recommended), ``TIMEOUT`` (seconds, ``10``), ``HEADERS``
+    (extra static headers), ``VERIFY`` (TLS verification, ``True``).
+    """
+
+    required_options = ("url",)
+
+    def __init__(self, destination: Destination) -> None:
+        super().__init__(destination)
+        self.url = str(self.options["url"])
+        self.secret: str | None = self.options.get("secret")
+        timeout = float(self.options.get("timeout", 10.0))
+        self.client = httpx.Client(
+            timeout=httpx.Timeout(timeout),
+            headers=dict(self.options.get("headers") or {}),
+            verify=self.options.get("verify", True),
+            follow_redirects=False,
+        )
+
+    @classmethod
+    def check(cls, destination: Destination) -> list[checks.CheckMessage]:
+        problems = super().check(destination)
+        url = str(destination.options.get("url") or "")
+        if url and not url.startswith(("http://", "https://")):
+            problems.append(
+                checks.Error(
+                    f"destination {destination.name!r}: URL must start with http:// or https://",
+                    id="django_outbox.E014",
+                )
+            )
+        if not destination.options.get("secret"):
+            problems.append(
+                checks.Warning(
+                    f"destination {destination.name!r}: no SECRET, so deliveries are unsigned",
+                    hint="Set SECRET so the receiver can verify the Outbox-Signature header.",
+                    id="django_outbox.W014",
+                )
+            )
+        return problems
+
+    def request_headers(self, envelope: Envelope, body: bytes) -> dict[str, str]:
+        """Headers of the POST for *envelope*."""
+        headers = envelope.headers
+        headers["Idempotency-Key"] = str(envelope.message_id)
+        headers["Content-Type"] = "application/json"
+        if self.secret:
+            headers[signing.SIGNATURE_HEADER] = signing.sign(self.secret, body)
+        return headers
+
+    def publish_one(self, envelope: Envelope) -> None:
+        body = envelope.body()
+        url = self.url.replace("{type}", envelope.type)
+        try:
+            response = self.client.post(
+                url, content=body, headers=self.request_headers(envelope, body)
+            )
+        except httpx.TimeoutException as exc:
+            raise RetryableError(f"timeout after {self.client.timeout.read}s: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        detail = f"HTTP {status} from {url}: {_snippet(response)}"
+        if status >= 500 or status in RETRYABLE_STATUSES:
+            raise RetryableError(detail)
+        raise PermanentError(detail)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _snippet(response: Any) -> str:
+    try:
+        text = str(response.text)
+    except Exception:
+        return "<unreadable body>"
+    return text[:ERROR_BODY_CHARS]

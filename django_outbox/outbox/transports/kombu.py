@@ -1,0 +1,346 @@
+"""kombu transport: RabbitMQ with batched publisher confirms, Redis, and any kombu URL.
+
+The strategy follows the URL scheme:
+
+* ``amqp://`` / ``amqps://`` publish a whole batch, then wait once for the
+  broker's confirms (persistent delivery, ``delivery_mode=2``). Waiting per
+  message would cap throughput near 750 msgs/s; per batch it does not.
+* ``redis://`` / ``rediss://`` push the batch with one ``LPUSH`` of messages in
+  kombu's own wire format, so any kombu or Celery consumer of the queue reads
+  them, at pipelined speed instead of one round trip per message.
+* anything else (``memory://``, ``filesystem://`` …) goes through kombu's
+  ``Producer`` one message at a time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+import kombu
+from django.core import checks
+
+from django_outbox.conf import Destination
+from django_outbox.exceptions import RetryableError
+from django_outbox.outbox.envelope import Envelope
+from django_outbox.outbox.transports.base import Outcomes, Transport
+
+logger = logging.getLogger("django_outbox.transport.kombu")
+
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
+REDIS_SCHEMES = frozenset({"redis", "rediss"})
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
+def _error(exc: BaseException) -> RetryableError:
+    return RetryableError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
+class KombuTransport(Transport):
+    """Publishes through kombu to the broker at ``URL``.
+
+    Options: ``URL`` (required), ``EXCHANGE`` (default ``""``, the default
+    exchange), ``EXCHANGE_TYPE`` (``"direct"``), ``QUEUE`` (declared and bound
+    when given), ``ROUTING_KEY`` (default: the queue name, else the message
+    type; ``{type}`` and ``{key}`` are substituted), ``CONFIRM`` (``True``:
+    wait for RabbitMQ publisher confirms), ``TIMEOUT`` (seconds, ``10``).
+    """
+
+    required_options = ("url",)
+
+    def __init__(self, destination: Destination) -> None:
+        super().__init__(destination)
+        scheme = _scheme(str(self.options["url"]))
+        publisher: _Publisher
+        if scheme in AMQP_SCHEMES:
+            publisher = _AmqpPublisher(self.options)
+        elif scheme in REDIS_SCHEMES:
+            publisher = _RedisPublisher(self.options)
+        else:
+            publisher = _ProducerPublisher(self.options)
+        self._publisher = publisher
+
+    @classmethod
+    def check(cls, destination: Destination) -> list[checks.CheckMessage]:
+        problems = super().check(destination)
+        url = str(destination.options.get("url") or "")
+        scheme = _scheme(url)
+        if url and not scheme:
+            problems.append(
+                checks.Error(
+                    f"destination {destination.name!r}: URL {url!r} has no scheme "
+                    "(expected amqp://, redis:// or another kombu URL)",
+                    id="django_outbox.E011",
+                )
+            )
+        if scheme in AMQP_SCHEMES and not destination.options.get("confirm", True):
+            problems.append(
+                checks.Warning(
+                    f"destination {destination.name!r}: RabbitMQ without publisher confirms "
+                    "can lose messages the broker accepted but did not store",
+                    hint="Remove CONFIRM: False.",
+                    id="django_outbox.W011",
+                )
+            )
+        if scheme in REDIS_SCHEMES:
+            if destination.options.get("exchange"):
+                problems.append(
+                    checks.Error(
+                        f"destination {destination.name!r}: Redis destinations publish straight "
+                        "to a queue; EXCHANGE is not supported",
+                        hint="Set QUEUE instead.",
+                        id="django_outbox.E012",
+                    )
+                )
+            if not destination.options.get("queue"):
+                problems.append(
+                    checks.Error(
+                        f"destination {destination.name!r}: QUEUE is required for Redis",
+                        id="django_outbox.E013",
+                    )
+                )
+        return problems
+
+    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+        return self._publisher.publish(envelopes)
+
+    def close(self) -> None:
+        self._publisher.close()
+
+
+class _Publisher:
+    def __init__(self, options: Any) -> None:
+        self.url = str(options["url"])
+        self.timeout = float(options.get("timeout", 10.0))
+        self.queue_name: str | None = options.get("queue")
+        self.routing_key: str | None = options.get("routing_key")
+        self.exchange = kombu.Exchange(
+            options.get("exchange", ""), type=options.get("exchange_type", "direct"), durable=True
+        )
+
+    def route(self, envelope: Envelope) -> str:
+        pattern = self.routing_key or self.queue_name or "{type}"
+        return pattern.replace("{type}", envelope.type).replace("{key}", envelope.key or "")
+
+    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _AmqpPublisher(_Publisher):
+    """Batched publish with one wait for all publisher confirms."""
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.confirm = bool(options.get("confirm", True))
+        self._connection: kombu.Connection | None = None
+        self._producer: kombu.Producer | None = None
+        self._next_tag = 1
+        self._pending: dict[int, UUID] = {}
+        self._outcomes: Outcomes = {}
+
+    def _connect(self) -> kombu.Producer:
+        if self._producer is not None:
+            return self._producer
+        connection = kombu.Connection(self.url, connect_timeout=self.timeout)
+        try:
+            connection.connect()
+            channel = connection.channel()
+            if self.confirm:
+                channel.confirm_select()
+                channel.events["basic_ack"].add(self._on_ack)
+                channel.events["basic_nack"].add(self._on_nack)
+            if self.exchange.name:
+                self.exchange(channel).declare()
+            if self.queue_name:
+                kombu.Queue(
+                    self.queue_name,
+                    self.exchange,
+                    routing_key=self.routing_key or self.queue_name,
+                    durable=True,
+                )(channel).declare()
+        except BaseException:
+            connection.release()
+            raise
+        self._connection = connection
+        self._producer = kombu.Producer(channel, exchange=self.exchange)
+        self._next_tag = 1
+        return self._producer
+
+    def _settle(self, tag: int, multiple: bool, error: RetryableError | None) -> None:
+        tags = [t for t in self._pending if t <= tag] if multiple else [tag]
+        for settled in tags:
+            message_id = self._pending.pop(settled, None)
+            if message_id is not None:
+                self._outcomes[message_id] = error
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self._settle(delivery_tag, multiple, None)
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self._settle(delivery_tag, multiple, RetryableError("RabbitMQ nacked the message"))
+
+    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+        self._pending = {}
+        self._outcomes = {}
+        try:
+            producer = self._connect()
+            for envelope in envelopes:
+                producer.publish(
+                    envelope.body(),
+                    routing_key=self.route(envelope),
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    headers=envelope.headers,
+                    delivery_mode=2,
+                    message_id=str(envelope.message_id),
+                    correlation_id=envelope.correlation_id or str(envelope.message_id),
+                    type=envelope.type,
+                    retry=False,
+                )
+                if self.confirm:
+                    self._pending[self._next_tag] = envelope.message_id
+                    self._next_tag += 1
+                else:
+                    self._outcomes[envelope.message_id] = None
+            self._await_confirms()
+        except Exception as exc:
+            logger.warning("AMQP publish to %s failed: %s", self.url, exc)
+            self.close()
+            error = _error(exc)
+            for envelope in envelopes:
+                # Confirmed before the failure: those did reach the broker.
+                self._outcomes.setdefault(envelope.message_id, error)
+        return self._outcomes
+
+    def _await_confirms(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        assert self._connection is not None
+        while self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{len(self._pending)} publisher confirms not received in time")
+            try:
+                self._connection.drain_events(timeout=remaining)
+            except socket.timeout:
+                continue
+
+    def close(self) -> None:
+        connection, self._connection, self._producer = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.release()
+            except Exception:
+                pass
+
+
+class _RedisPublisher(_Publisher):
+    """One LPUSH per batch, in the message format of kombu's Redis transport."""
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        import redis  # optional dependency: django-outbox[redis]
+
+        self._redis = redis
+        self.client = redis.Redis.from_url(
+            self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
+        )
+
+    def encode(self, envelope: Envelope) -> str:
+        routing_key = self.route(envelope)
+        return json.dumps(
+            {
+                "body": base64.b64encode(envelope.body()).decode("ascii"),
+                "content-encoding": "utf-8",
+                "content-type": "application/json",
+                "headers": envelope.headers,
+                "properties": {
+                    "body_encoding": "base64",
+                    "delivery_tag": str(uuid.uuid4()),
+                    "delivery_mode": 2,
+                    "priority": 0,
+                    "message_id": str(envelope.message_id),
+                    "correlation_id": envelope.correlation_id or str(envelope.message_id),
+                    "type": envelope.type,
+                    "delivery_info": {"exchange": "", "routing_key": routing_key},
+                },
+            }
+        )
+
+    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+        if not envelopes:
+            return {}
+        assert self.queue_name is not None
+        try:
+            # LPUSH pushes each value to the head in turn; consumers BRPOP from
+            # the tail, so the first envelope is the first one read.
+            self.client.lpush(self.queue_name, *[self.encode(e) for e in envelopes])
+        except self._redis.RedisError as exc:
+            logger.warning("Redis publish to %s failed: %s", self.url, exc)
+            error = _error(exc)
+            return {e.message_id: error for e in envelopes}
+        return {e.message_id: None for e in envelopes}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _ProducerPublisher(_Publisher):
+    """Plain kombu ``Producer.publish``, one message at a time."""
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.transport_options = dict(options.get("transport_options") or {})
+        self._connection: kombu.Connection | None = None
+
+    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+        outcomes: Outcomes = {}
+        try:
+            if self._connection is None:
+                self._connection = kombu.Connection(
+                    self.url, transport_options=self.transport_options
+                )
+            producer = self._connection.Producer(exchange=self.exchange)
+            declare = (
+                [kombu.Queue(self.queue_name, self.exchange, routing_key=self.queue_name)]
+                if self.queue_name
+                else []
+            )
+            for envelope in envelopes:
+                producer.publish(
+                    envelope.body(),
+                    routing_key=self.route(envelope),
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    headers=envelope.headers,
+                    delivery_mode=2,
+                    message_id=str(envelope.message_id),
+                    type=envelope.type,
+                    declare=declare,
+                    retry=False,
+                )
+                outcomes[envelope.message_id] = None
+        except Exception as exc:
+            logger.warning("kombu publish to %s failed: %s", self.url, exc)
+            self.close()
+            error = _error(exc)
+            for envelope in envelopes:
+                outcomes.setdefault(envelope.message_id, error)
+        return outcomes
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.release()

@@ -1,0 +1,58 @@
+"""One transport instance per destination per process, built lazily."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from django.utils.module_loading import import_string
+
+from django_outbox.conf import Destination
+from django_outbox.exceptions import ConfigurationError
+from django_outbox.outbox.transports.base import Transport
+
+_lock = threading.Lock()
+_transports: dict[tuple[int, str], Transport] = {}
+
+
+def transport_class(destination: Destination) -> type[Transport]:
+    """Import the class configured for *destination*; raise ``ConfigurationError``."""
+    path = destination.transport_path
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"destination {destination.name!r}: cannot import transport {path!r} ({exc}); "
+            "is the matching extra installed (django-outbox[redis], [http], [postgres])?"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Transport)):
+        raise ConfigurationError(f"destination {destination.name!r}: {path!r} is not a Transport")
+    return cls
+
+
+def get_transport(destination: Destination) -> Transport:
+    """The shared transport for *destination* in this process (rebuilt after fork)."""
+    slot = (os.getpid(), destination.name)
+    transport = _transports.get(slot)
+    if transport is None or transport.destination != destination:
+        with _lock:
+            transport = _transports.get(slot)
+            if transport is None or transport.destination != destination:
+                if transport is not None:
+                    transport.close()
+                transport = transport_class(destination)(destination)
+                _transports[slot] = transport
+    return transport
+
+
+def close_all() -> None:
+    """Close and forget every transport this process built."""
+    with _lock:
+        pid = os.getpid()
+        for (owner, _), transport in list(_transports.items()):
+            if owner == pid:
+                try:
+                    transport.close()
+                except Exception:  # closing is best effort
+                    pass
+        _transports.clear()

@@ -1,0 +1,125 @@
+"""A long-running relay loop for projects that run without Celery."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+
+from django_outbox.outbox.maintenance import rescue_stuck_messages
+from django_outbox.outbox.relay import Relay, RelayResult
+
+logger = logging.getLogger("django_outbox.worker")
+
+
+class Waiter:
+    """Sleeps between polls; subclasses wake early on a database notification."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def wait(self, seconds: float) -> None:
+        self.stop.wait(seconds)
+
+    def close(self) -> None:
+        pass
+
+
+class PostgresWaiter(Waiter):
+    """Waits on ``LISTEN channel`` so a commit's ``pg_notify`` wakes the relay at once."""
+
+    def __init__(self, stop: threading.Event, using: str, channel: str) -> None:
+        super().__init__(stop)
+        import psycopg
+
+        connection = connections[using]
+        connection.ensure_connection()
+        info = connection.connection.info
+        self.conn = psycopg.connect(
+            host=info.host,
+            port=info.port,
+            dbname=info.dbname,
+            user=info.user,
+            password=info.password or None,
+            autocommit=True,
+        )
+        self.conn.execute(f'LISTEN "{channel}"')
+
+    def wait(self, seconds: float) -> None:
+        # Wake at least every half second to notice a stop request.
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for _ in self.conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
+                return
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RelayWorker:
+    """Drains the outbox, rescues expired leases every ``sweep_interval``, sleeps when idle."""
+
+    def __init__(
+        self,
+        relay: Relay,
+        *,
+        interval: float = 1.0,
+        sweep_interval: float = 10.0,
+        until_empty: bool = False,
+        max_batches: int | None = None,
+        listen: bool = True,
+        report: Callable[[RelayResult], Any] | None = None,
+    ) -> None:
+        self.relay = relay
+        self.interval = interval
+        self.sweep_interval = sweep_interval
+        self.until_empty = until_empty
+        self.max_batches = max_batches
+        self.listen = listen
+        self.report = report
+        self.stopping = threading.Event()
+
+    def stop(self, *args: Any) -> None:
+        """Finish the current batch, then return from ``run`` (safe from a signal handler)."""
+        self.stopping.set()
+
+    def _waiter(self) -> Waiter:
+        using = self.relay.using
+        if self.listen and connections[using].vendor == "postgresql":
+            try:
+                return PostgresWaiter(self.stopping, using, self.relay.config.notify_channel)
+            except Exception:
+                logger.exception("LISTEN failed; polling every %ss instead", self.interval)
+        return Waiter(self.stopping)
+
+    def run(self) -> RelayResult:
+        """Loop until stopped (or until nothing is due, with ``until_empty``)."""
+        total = RelayResult()
+        waiter = self._waiter()
+        next_sweep = 0.0
+        try:
+            while not self.stopping.is_set():
+                if time.monotonic() >= next_sweep:
+                    rescue_stuck_messages(using=self.relay.using, config=self.relay.config)
+                    next_sweep = time.monotonic() + self.sweep_interval
+                left = None if self.max_batches is None else self.max_batches - total.batches
+                result = self.relay.drain(max_batches=left)
+                total += result
+                if result.claimed and self.report:
+                    self.report(result)
+                if self.max_batches is not None and total.batches >= self.max_batches:
+                    break
+                if result.claimed < self.relay.batch_size:
+                    if self.until_empty:
+                        break
+                    waiter.wait(self.interval)
+        finally:
+            waiter.close()
+        return total

@@ -1,0 +1,14 @@
+"""The test project's Celery app: broker from CELERY_BROKER_URL, embedded by default."""
+
+import os
+
+from celery import Celery
+
+from django_outbox.beat import OUTBOX_BEAT_SCHEDULE
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+app = Celery("testproject")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.beat_schedule = {**app.conf.beat_schedule, **OUTBOX_BEAT_SCHEDULE}
+app.autodiscover_tasks()

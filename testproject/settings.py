@@ -1,0 +1,118 @@
+"""Settings of the test/demo project, read from the environment.
+
+DATABASE_URL        default: SQLite file under var/
+CELERY_BROKER_URL   default: kombu's filesystem transport under var/ (no services needed)
+OUTBOX_BROKER_URL   where the "default" destination publishes; default: like the Celery broker
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("TESTPROJECT_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "testproject-insecure-key")
+DEBUG = os.environ.get("DEBUG", "1") == "1"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_outbox",
+    "testproject.shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'demo.sqlite3'}"
+DATABASES: dict[str, Any] = {"default": dj_database_url.parse(DATABASE_URL)}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["OPTIONS"] = {
+        # One writer at a time, taken at BEGIN: claims never deadlock on upgrade.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+
+_FS_BROKER = VAR_DIR / "broker"
+(_FS_BROKER / "out").mkdir(parents=True, exist_ok=True)
+(_FS_BROKER / "processed").mkdir(parents=True, exist_ok=True)
+FILESYSTEM_TRANSPORT_OPTIONS = {
+    "data_folder_in": str(_FS_BROKER / "out"),
+    "data_folder_out": str(_FS_BROKER / "out"),
+    "processed_folder": str(_FS_BROKER / "processed"),
+    "store_processed": False,
+}
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = FILESYSTEM_TRANSPORT_OPTIONS
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+OUTBOX_BROKER_URL = os.environ.get("OUTBOX_BROKER_URL", CELERY_BROKER_URL)
+_default_destination: dict[str, Any] = {
+    "TRANSPORT": os.environ.get("OUTBOX_TRANSPORT", "kombu"),
+    "URL": OUTBOX_BROKER_URL,
+    "QUEUE": os.environ.get("OUTBOX_QUEUE", "shop-events"),
+}
+if OUTBOX_BROKER_URL.startswith("filesystem"):
+    _default_destination["TRANSPORT_OPTIONS"] = FILESYSTEM_TRANSPORT_OPTIONS
+
+DJANGO_OUTBOX: dict[str, Any] = {
+    "DESTINATIONS": {"default": _default_destination},
+    "BATCH_SIZE": int(os.environ.get("OUTBOX_BATCH_SIZE", "500")),
+    "LEASE_SECONDS": float(os.environ.get("OUTBOX_LEASE_SECONDS", "60")),
+    "RETRY_BASE_SECONDS": float(os.environ.get("OUTBOX_RETRY_BASE_SECONDS", "2")),
+    "DISPATCH": os.environ.get("OUTBOX_DISPATCH", "celery"),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "django_outbox": {
+            "handlers": ["console"],
+            "level": os.environ.get("OUTBOX_LOG_LEVEL", "WARNING"),
+        }
+    },
+}
