@@ -104,6 +104,12 @@ DJANGO_OUTBOX: dict[str, Any] = {
     "DISPATCH": os.environ.get("OUTBOX_DISPATCH", "celery"),
 }
 
+# Tests and the demo hand a whole DJANGO_OUTBOX to subprocesses as JSON.
+if os.environ.get("OUTBOX_SETTINGS_JSON"):
+    import json
+
+    DJANGO_OUTBOX = json.loads(os.environ["OUTBOX_SETTINGS_JSON"])
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

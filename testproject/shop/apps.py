@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -5,3 +7,9 @@ class ShopConfig(AppConfig):
     name = "testproject.shop"
     label = "shop"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        if os.environ.get("TESTPROJECT_FREEZE_AFTER_PUBLISH"):
+            from testproject.shop import faults
+
+            faults.install_freeze_after_publish(os.environ["TESTPROJECT_FREEZE_AFTER_PUBLISH"])

@@ -1,0 +1,53 @@
+"""Transports used by the test suite and the demo (not part of the library)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+import redis
+
+from django_outbox.conf import Destination
+from django_outbox.exceptions import PermanentError, RetryableError
+from django_outbox.outbox.envelope import Envelope
+from django_outbox.outbox.transports.base import Transport
+from django_outbox.outbox.transports.kombu import KombuTransport
+
+
+class RecordingTransport(Transport):
+    """RPUSHes ``[key, sequence, message_id]`` to a Redis list in publish order.
+
+    Options: ``REDIS_URL``, ``LIST``; ``FAIL_KEY`` with ``FAIL_RATE`` (retryable
+    failures drawn at random) and ``FAIL_PERMANENTLY_AT`` (the sequence of
+    ``FAIL_KEY`` that fails permanently).
+    """
+
+    required_options = ("redis_url", "list")
+
+    def __init__(self, destination: Destination) -> None:
+        super().__init__(destination)
+        self.client = redis.Redis.from_url(self.options["redis_url"])
+        self.fail_key = self.options.get("fail_key")
+        self.fail_rate = float(self.options.get("fail_rate", 0))
+        self.fail_at = self.options.get("fail_permanently_at")
+        self.rng = random.Random()
+
+    def publish_one(self, envelope: Envelope) -> None:
+        if envelope.key is not None and envelope.key == self.fail_key:
+            if envelope.sequence == self.fail_at:
+                raise PermanentError(f"injected permanent failure at sequence {self.fail_at}")
+            if self.rng.random() < self.fail_rate:
+                raise RetryableError("injected retryable failure")
+        entry = [envelope.key, envelope.sequence, str(envelope.message_id)]
+        self.client.rpush(self.options["list"], json.dumps(entry))
+
+
+class SlowKombuTransport(KombuTransport):
+    """The kombu transport with a pause per message (``DELAY`` seconds): the demo's
+    way to keep a worker busy long enough to be killed mid-way."""
+
+    def publish(self, envelopes: Any) -> Any:
+        time.sleep(float(self.options.get("delay", 0)) * len(envelopes))
+        return super().publish(envelopes)

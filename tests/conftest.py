@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from django_outbox.outbox.transports import memory, registry
+from tests import services
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BASE_OUTBOX: dict[str, Any] = {
+    "DESTINATIONS": {
+        "default": {"TRANSPORT": "memory"},
+        "held": {"TRANSPORT": "memory", "UNCERTAIN": "hold"},
+    },
+    "DISPATCH": "none",
+    "BATCH_SIZE": 100,
+    "RETRY_BASE_SECONDS": 1.0,
+    "RETRY_MAX_SECONDS": 60.0,
+    "MAX_ATTEMPTS": 5,
+}
+
+
+def _is_postgres() -> bool:
+    return "postgresql" in django_settings.DATABASES["default"]["ENGINE"]
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    if _is_postgres():
+        return
+    reason = "needs PostgreSQL: run with DATABASE_URL=postgres://..."
+    for item in items:
+        if "postgres" in item.keywords:
+            if services.services_required():
+                item.add_marker(pytest.mark.xfail(reason=reason, run=False, strict=True))
+            else:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def outbox_settings(settings: Any) -> Iterator[dict[str, Any]]:
+    """Every test starts with in-memory destinations and no automatic dispatch."""
+    settings.DJANGO_OUTBOX = json.loads(json.dumps(BASE_OUTBOX))
+    memory.clear()
+    yield settings.DJANGO_OUTBOX
+    registry.close_all()
+    memory.clear()
+
+
+@pytest.fixture
+def configure_outbox(settings: Any) -> Callable[..., dict[str, Any]]:
+    """Replace parts of ``DJANGO_OUTBOX``: ``configure_outbox(DESTINATIONS={...}, ...)``."""
+
+    def apply(**overrides: Any) -> dict[str, Any]:
+        value = {**json.loads(json.dumps(BASE_OUTBOX)), **overrides}
+        settings.DJANGO_OUTBOX = value
+        return value
+
+    return apply
+
+
+@pytest.fixture
+def redis_url() -> str:
+    services.require("redis")
+    import redis
+
+    client = redis.Redis.from_url(services.REDIS_URL)
+    client.flushdb()
+    client.close()
+    return services.REDIS_URL
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    services.require("rabbitmq")
+    return services.AMQP_URL
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"outbox-test-{uuid.uuid4().hex[:12]}"
+
+
+def test_database_url() -> str:
+    """A URL for the database the current test runs against (for subprocesses)."""
+    params = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{params['NAME']}"
+    user = params.get("USER") or "postgres"
+    password = f":{params['PASSWORD']}" if params.get("PASSWORD") else ""
+    host = params.get("HOST") or "127.0.0.1"
+    port = params.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{params['NAME']}"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for a ``manage.py`` child sharing this test's database and outbox settings."""
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=test_database_url(),
+        OUTBOX_SETTINGS_JSON=json.dumps(django_settings.DJANGO_OUTBOX),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def spawn_manage(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+    """Start ``manage.py *args`` as a child process."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=env or subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )

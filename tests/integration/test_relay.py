@@ -1,0 +1,233 @@
+"""The relay: claim, publish, record with fencing, backoff, dead-letter, ordering."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+import django_outbox
+from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox.maintenance import rescue_stuck_messages
+from django_outbox.outbox.relay import Relay
+from django_outbox.outbox.transports.memory import mailbox
+from django_outbox.signals import outbox_batch_published
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SCRIPTED = {"TRANSPORT": "tests.support.ScriptedTransport"}
+
+
+@pytest.fixture
+def scripted(configure_outbox):
+    return configure_outbox(
+        DESTINATIONS={"default": SCRIPTED, "held": {**SCRIPTED, "UNCERTAIN": "hold"}}
+    )
+
+
+class Clock:
+    def __init__(self):
+        self.now = timezone.now()
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += timedelta(seconds=seconds)
+
+
+def published(destination="default"):
+    return [(e.type, e.key, e.sequence) for e in mailbox[destination]]
+
+
+def test_due_messages_are_published_with_headers_and_marked_sent():
+    with transaction.atomic():
+        message = django_outbox.send("order.created", {"id": 1}, key="order:1")
+    result = Relay().drain()
+    assert result.sent == 1
+    message.refresh_from_db()
+    assert message.state == OutboxState.SENT
+    assert message.sent_at is not None
+    assert message.finished_at == message.sent_at
+    assert message.locked_until is None and message.lock_token is None
+    [envelope] = mailbox["default"]
+    assert envelope.headers["outbox-message-id"] == str(message.message_id)
+    assert envelope.headers["outbox-sequence"] == "1"
+
+
+def test_messages_not_yet_available_wait():
+    message = django_outbox.send("t", {})
+    OutboxMessage.objects.filter(pk=message.pk).update(
+        available_at=timezone.now() + timedelta(hours=1)
+    )
+    assert Relay().drain().claimed == 0
+    assert mailbox["default"] == []
+
+
+def test_retryable_failure_backs_off_exponentially_then_dead_letters(scripted):
+    message = django_outbox.send("fail.retry", {})
+    clock = Clock()
+    relay = Relay(clock=clock)
+    windows = []
+    for attempt in range(1, 5):
+        relay.drain()
+        message.refresh_from_db()
+        assert message.state == OutboxState.SHOULD_BE_SENT
+        assert message.attempts == attempt
+        assert message.last_error == "broker said try later"
+        windows.append((message.available_at - clock.now).total_seconds())
+        clock.now = message.available_at
+    # Base 1 s, equal jitter: attempt n waits within [2**(n-1)/2, 2**(n-1)] seconds.
+    for n, wait in enumerate(windows, start=1):
+        assert 2 ** (n - 1) / 2 <= wait <= 2 ** (n - 1)
+    relay.drain()  # fifth attempt: MAX_ATTEMPTS is 5
+    message.refresh_from_db()
+    assert message.state == OutboxState.SEND_ERROR
+    assert message.last_error == "gave up after 5 attempts: broker said try later"
+
+
+def test_permanent_failure_dead_letters_at_once(scripted):
+    message = django_outbox.send("fail.permanent", {})
+    result = Relay().drain()
+    message.refresh_from_db()
+    assert (result.failed, message.state, message.attempts) == (1, OutboxState.SEND_ERROR, 1)
+    assert message.last_error == "422 unprocessable"
+
+
+def test_row_for_an_unconfigured_destination_dead_letters_with_the_reason(configure_outbox):
+    message = django_outbox.send("t", {}, to="held")
+    configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "memory"}})
+    Relay().drain()
+    message.refresh_from_db()
+    assert message.state == OutboxState.SEND_ERROR
+    assert "unknown outbox destination 'held'" in message.last_error
+
+
+def test_a_failing_message_holds_back_only_its_own_key(scripted):
+    django_outbox.send("a", {"fail": "retry"}, key="k")
+    django_outbox.send("b", {}, key="k")
+    django_outbox.send("c", {}, key="k")
+    django_outbox.send("x", {}, key="other")
+    django_outbox.send("y", {})
+    clock = Clock()
+    relay = Relay(clock=clock)
+    relay.drain()
+    assert sorted(published(), key=str) == [("x", "other", 1), ("y", None, None)]
+    assert set(OutboxMessage.objects.filter(key="k").values_list("state", flat=True)) == {
+        OutboxState.SHOULD_BE_SENT
+    }
+    # The failing head now succeeds: its key drains in sequence order.
+    OutboxMessage.objects.filter(type="a").update(payload={})
+    clock.advance(60)
+    relay.drain()
+    assert published()[2:] == [("a", "k", 1), ("b", "k", 2), ("c", "k", 3)]
+
+
+def test_failure_mid_batch_releases_the_rest_of_the_key_unattempted(scripted):
+    django_outbox.send("a", {}, key="k")
+    django_outbox.send("b", {"fail": "retry"}, key="k")
+    django_outbox.send("c", {}, key="k")
+    result = Relay().run_batch()
+    assert result.claimed == 3
+    assert (result.sent, result.retried, result.released) == (1, 1, 1)
+    c = OutboxMessage.objects.get(type="c")
+    assert (c.state, c.attempts) == (OutboxState.SHOULD_BE_SENT, 0)
+    assert published() == [("a", "k", 1)]
+
+
+def test_a_relay_whose_lease_was_taken_over_cannot_overwrite_the_newer_outcome():
+    message = django_outbox.send("t", {})
+    later = Clock()
+    later.advance(3600)
+
+    def take_over(**kwargs):
+        # The first relay stalls after publishing; its lease expires, the sweep
+        # resends and a second relay records a newer outcome.
+        outbox_batch_published.disconnect(take_over)
+        rescue_stuck_messages(now=later.now)
+        assert Relay(clock=later).drain().sent == 1
+
+    outbox_batch_published.connect(take_over)
+    try:
+        stale = Relay().run_batch()
+    finally:
+        outbox_batch_published.disconnect(take_over)
+    assert stale.fenced == 1 and stale.sent == 1
+    message.refresh_from_db()
+    assert message.state == OutboxState.SENT
+    assert message.sent_at == later.now
+    assert message.attempts == 2
+
+
+def test_deliver_exits_at_once_when_its_ids_are_already_taken():
+    first = django_outbox.send("t", {})
+    Relay().drain()
+    django_outbox.send("t2", {})  # due, but not this trigger's
+    result = Relay().deliver([first.pk])
+    assert result.claimed == 0
+    assert len(mailbox["default"]) == 1
+
+
+def test_deliver_claims_its_ids_then_drains_the_rest():
+    first = django_outbox.send("t", {})
+    django_outbox.send("t2", {})
+    result = Relay().deliver([first.pk])
+    assert result.sent == 2
+
+
+def test_batch_query_count_does_not_grow_with_batch_size(django_assert_max_num_queries):
+    for n in range(150):
+        django_outbox.send("t", {"n": n}, key=f"k{n % 3}")
+    counts = []
+    for size in (10, 100):
+        relay = Relay(batch_size=size)
+        with django_assert_max_num_queries(12) as captured:
+            assert relay.run_batch().sent == size
+        counts.append(len(captured.captured_queries))
+    assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize(
+    ("destination", "state", "uncertain"),
+    [("default", OutboxState.SHOULD_BE_SENT, False), ("held", OutboxState.SEND_ERROR, True)],
+)
+def test_expired_lease_is_resent_or_held_per_destination_policy(destination, state, uncertain):
+    message = django_outbox.send("t", {}, to=destination)
+    now = timezone.now()
+    OutboxMessage.objects.filter(pk=message.pk).update(
+        state=OutboxState.SENDING,
+        locked_until=now - timedelta(seconds=1),
+        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
+        attempts=1,
+    )
+    result = rescue_stuck_messages(now=now)
+    message.refresh_from_db()
+    assert (message.state, message.uncertain) == (state, uncertain)
+    assert message.lock_token is None
+    assert "outcome uncertain" in message.last_error
+    assert (result.resent, result.held) == ((1, 0) if state == OutboxState.SHOULD_BE_SENT else (0, 1))
+
+
+def test_unexpired_leases_are_left_alone():
+    message = django_outbox.send("t", {})
+    now = timezone.now()
+    OutboxMessage.objects.filter(pk=message.pk).update(
+        state=OutboxState.SENDING,
+        locked_until=now + timedelta(seconds=30),
+        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
+    )
+    assert rescue_stuck_messages(now=now).resent == 0
+
+
+def test_expired_lease_with_attempts_used_up_is_held_even_under_resend():
+    message = django_outbox.send("t", {})
+    now = timezone.now()
+    OutboxMessage.objects.filter(pk=message.pk).update(
+        state=OutboxState.SENDING,
+        locked_until=now - timedelta(seconds=1),
+        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
+        attempts=5,
+    )
+    rescue_stuck_messages(now=now)
+    message.refresh_from_db()
+    assert (message.state, message.uncertain) == (OutboxState.SEND_ERROR, True)

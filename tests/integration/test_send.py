@@ -1,0 +1,143 @@
+"""send(): one INSERT in the caller's transaction, one dispatch per transaction."""
+
+import decimal
+import math
+
+import pytest
+from django.db import transaction
+
+import django_outbox
+from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.tasks import deliver_messages
+from testproject.shop.models import Order
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def dispatched(configure_outbox, monkeypatch):
+    """Celery dispatch on; records the ids of each deliver task instead of publishing."""
+    configure_outbox(DISPATCH="celery")
+    calls = []
+    monkeypatch.setattr(
+        deliver_messages, "apply_async", lambda args, **kw: calls.append(sorted(args[0]))
+    )
+    return calls
+
+
+def test_commit_stores_the_message_and_dispatches_once_with_all_ids(
+    dispatched, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        first = django_outbox.send("order.created", {"id": 1})
+        second = django_outbox.send("order.paid", {"id": 1}, headers={"tenant": "acme"})
+    assert dispatched == [sorted([first.pk, second.pk])]
+    stored = OutboxMessage.objects.get(pk=second.pk)
+    assert stored.state == OutboxState.SHOULD_BE_SENT
+    assert stored.payload == {"id": 1}
+    assert stored.headers == {"tenant": "acme"}
+    assert stored.attempts == 0
+
+
+def test_rollback_leaves_no_row_and_dispatches_nothing(
+    dispatched, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            django_outbox.send("order.created", {"id": 1})
+            raise RuntimeError("business failure")
+    assert not OutboxMessage.objects.exists()
+    assert dispatched == []
+
+
+def test_rolled_back_savepoint_does_not_lose_the_outer_dispatch(
+    dispatched, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            django_outbox.send("inner", {})
+            raise RuntimeError
+        outer = django_outbox.send("outer", {})
+    assert list(OutboxMessage.objects.values_list("type", flat=True)) == ["outer"]
+    assert len(dispatched) == 1
+    assert outer.pk in dispatched[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_autocommit_send_dispatches_immediately(dispatched):
+    message = django_outbox.send("order.created", {"id": 2})
+    assert dispatched == [[message.pk]]
+
+
+def test_send_is_one_insert_in_the_callers_transaction(django_assert_num_queries):
+    with transaction.atomic():
+        with django_assert_num_queries(1):
+            django_outbox.send("order.created", {"id": 1})
+        with django_assert_num_queries(2):  # + the per-key counter UPSERT
+            django_outbox.send("order.created", {"id": 1}, key="order:1")
+
+
+def test_same_key_gets_increasing_sequences_per_destination():
+    sequences = [django_outbox.send("t", {}, key="k").sequence for _ in range(3)]
+    other_key = django_outbox.send("t", {}, key="other").sequence
+    other_destination = django_outbox.send("t", {}, key="k", to="held").sequence
+    assert sequences == [1, 2, 3]
+    assert other_key == 1
+    assert other_destination == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        ({"when": object()}, "not JSON-serializable"),
+        ({"x": math.nan}, "not JSON-serializable"),
+        ({1, 2}, "not JSON-serializable"),
+    ],
+)
+def test_non_json_payload_is_refused_and_the_transaction_stays_usable(payload, error):
+    with transaction.atomic():
+        with pytest.raises(django_outbox.PayloadError, match=error):
+            django_outbox.send("order.created", payload)
+        Order.objects.create(customer="c", total_cents=1)
+    assert Order.objects.count() == 1
+    assert not OutboxMessage.objects.exists()
+
+
+def test_json_friendly_values_are_accepted():
+    message = django_outbox.send("t", {"amount": decimal.Decimal("1.50")})
+    message.refresh_from_db()
+    assert message.payload == {"amount": "1.50"}
+
+
+def test_oversize_payload_is_refused(configure_outbox):
+    configure_outbox(MAX_PAYLOAD_BYTES=100)
+    with transaction.atomic():
+        with pytest.raises(django_outbox.PayloadTooLarge, match="MAX_PAYLOAD_BYTES is 100"):
+            django_outbox.send("t", {"blob": "x" * 200})
+        django_outbox.send("t", {"blob": "small"})
+    assert OutboxMessage.objects.count() == 1
+
+
+def test_unknown_destination_is_refused():
+    with transaction.atomic():
+        with pytest.raises(django_outbox.UnknownDestination, match="'nowhere'"):
+            django_outbox.send("t", {}, to="nowhere")
+        Order.objects.create(customer="c", total_cents=1)
+    assert Order.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"type": ""}, ValueError, "type must be a non-empty string"),
+        ({"type": "t" * 256}, ValueError, "limit is 255"),
+        ({"key": 5}, ValueError, "key must be a non-empty string"),
+        ({"headers": {"a": 1}}, django_outbox.PayloadError, "header names and values"),
+        ({"headers": ["a"]}, django_outbox.PayloadError, "headers must be a mapping"),
+    ],
+)
+def test_bad_arguments_get_clear_errors(kwargs, error, match):
+    arguments = {"type": "t", "payload": {}, **kwargs}
+    with pytest.raises(error, match=match):
+        django_outbox.send(arguments.pop("type"), arguments.pop("payload"), **arguments)
+    assert not OutboxMessage.objects.exists()

@@ -1,0 +1,34 @@
+"""Reaching the real services: skip locally when one is down, fail in CI."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+SERVICES = {
+    "postgres": ("127.0.0.1", 5432),
+    "redis": ("127.0.0.1", 6379),
+    "rabbitmq": ("127.0.0.1", 5672),
+}
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def services_required() -> bool:
+    """True in CI (``CI`` set) or when ``OUTBOX_REQUIRE_SERVICES=1``."""
+    return bool(os.environ.get("CI")) or os.environ.get("OUTBOX_REQUIRE_SERVICES") == "1"
+
+
+def require(name: str) -> None:
+    """Fail (CI) or skip (locally) unless service *name* accepts TCP connections."""
+    host, port = SERVICES[name]
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError as exc:
+        message = f"{name} at {host}:{port} is not reachable ({exc})"
+        if services_required():
+            pytest.fail(message)
+        pytest.skip(message)
