@@ -1,0 +1,63 @@
+"""Broker down: messages wait with growing backoff; when it returns, all are delivered."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+import django_outbox
+from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox.maintenance import sweep
+from django_outbox.outbox.relay import Relay
+from tests.integration.test_kombu_transport import drain_queue
+from tests.proxy import TcpProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def proxied_broker(request, configure_outbox, queue_name):
+    if request.param == "redis":
+        real_url = request.getfixturevalue("redis_url")
+        proxy = TcpProxy(("127.0.0.1", 6379))
+        url = real_url.replace("127.0.0.1:6379", f"127.0.0.1:{proxy.port}")
+    else:
+        real_url = request.getfixturevalue("amqp_url")
+        proxy = TcpProxy(("127.0.0.1", 5672))
+        url = real_url.replace("127.0.0.1:5672", f"127.0.0.1:{proxy.port}")
+    configure_outbox(
+        DESTINATIONS={
+            "default": {"TRANSPORT": "kombu", "URL": url, "QUEUE": queue_name, "TIMEOUT": 2}
+        },
+        MAX_ATTEMPTS=50,
+    )
+    yield proxy, real_url, queue_name
+    proxy.down()
+
+
+def test_outage_backs_off_and_the_sweep_delivers_everything_when_the_broker_returns(
+    proxied_broker,
+):
+    proxy, real_url, queue = proxied_broker
+    ids = {str(django_outbox.send("order.created", {"n": n}).message_id) for n in range(30)}
+    now = timezone.now()
+    delays = []
+    for attempt in range(1, 4):
+        result = Relay(clock=lambda: now).drain()
+        assert (result.claimed, result.retried, result.sent) == (30, 30, 0)
+        rows = list(OutboxMessage.objects.all())
+        assert {r.state for r in rows} == {OutboxState.SHOULD_BE_SENT}
+        assert {r.attempts for r in rows} == {attempt}
+        assert all("Error" in r.last_error or "refused" in r.last_error for r in rows)
+        earliest = min(r.available_at for r in rows)
+        delays.append((earliest - now).total_seconds())
+        now = max(r.available_at for r in rows)
+    assert delays[0] < delays[1] < delays[2]  # exponential: within [0.5-1], [1-2], [2-4] s
+
+    proxy.up()
+    counts = sweep(now=now + timedelta(seconds=1))
+    assert counts["sent"] == 30
+    assert set(OutboxMessage.objects.values_list("state", flat=True)) == {OutboxState.SENT}
+    received = drain_queue(real_url, queue)
+    assert {m.headers["outbox-message-id"] for m in received} == ids
+    assert len(received) == 30

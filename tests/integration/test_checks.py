@@ -1,0 +1,46 @@
+"""System checks report wrong settings at startup."""
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_outbox.checks import check_settings
+
+
+def ids(configure_outbox, **overrides):
+    configure_outbox(**overrides)
+    return sorted(message.id for message in check_settings())
+
+
+def test_valid_configuration_has_no_problems(configure_outbox):
+    assert ids(configure_outbox) == []
+
+
+@pytest.mark.parametrize(
+    ("destination", "expected"),
+    [
+        ({"TRANSPORT": "carrier-pigeon"}, "django_outbox.E002"),
+        ({"TRANSPORT": "kombu"}, "django_outbox.E010"),
+        ({"TRANSPORT": "kombu", "URL": "localhost"}, "django_outbox.E011"),
+        ({"TRANSPORT": "kombu", "URL": "amqp://x", "CONFIRM": False}, "django_outbox.W011"),
+        ({"TRANSPORT": "kombu", "URL": "redis://x", "EXCHANGE": "e", "QUEUE": "q"},
+         "django_outbox.E012"),
+        ({"TRANSPORT": "kombu", "URL": "redis://x"}, "django_outbox.E013"),
+        ({"TRANSPORT": "http", "URL": "ftp://x", "SECRET": "s"}, "django_outbox.E014"),
+        ({"TRANSPORT": "http", "URL": "https://x"}, "django_outbox.W014"),
+        ({"TRANSPORT": "celery"}, "django_outbox.E010"),
+        ({"TRANSPORT": "django_outbox.conf.Destination"}, "django_outbox.E002"),
+    ],
+)
+def test_bad_destination_is_reported(configure_outbox, destination, expected):
+    assert expected in ids(configure_outbox, DESTINATIONS={"default": destination})
+
+
+def test_malformed_setting_is_an_error(configure_outbox):
+    assert ids(configure_outbox, BATCH_SIZE=-1) == ["django_outbox.E001"]
+
+
+def test_manage_check_fails_on_errors(configure_outbox):
+    configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "kombu"}})
+    with pytest.raises(SystemCheckError, match="URL is required"):
+        call_command("check")

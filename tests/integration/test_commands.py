@@ -1,0 +1,104 @@
+"""Management commands, driven with call_command."""
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+import django_outbox
+from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox.maintenance import purge_finished_messages
+from django_outbox.outbox.transports.memory import mailbox
+from tests.factories import OutboxMessageFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*args):
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_outbox_relay_until_empty_delivers_everything():
+    for n in range(25):
+        django_outbox.send("t", {"n": n})
+    out = run("outbox_relay", "--until-empty", "--batch", "10", "--interval", "0")
+    assert json.loads(out.strip().splitlines()[-1])["sent"] == 25
+    assert len(mailbox["default"]) == 25
+
+
+def test_outbox_relay_max_batches_stops_early():
+    for n in range(25):
+        django_outbox.send("t", {"n": n})
+    run("outbox_relay", "--max-batches", "1", "--batch", "10", "--interval", "0")
+    assert OutboxMessage.objects.filter(state=OutboxState.SENT).count() == 10
+
+
+@pytest.mark.parametrize("bad", [["--batch", "0"], ["--interval", "-1"], ["--batch", "x"]])
+def test_outbox_relay_rejects_bad_arguments(bad):
+    with pytest.raises(CommandError):
+        call_command("outbox_relay", *bad)
+
+
+def test_outbox_sweep_rescues_and_delivers():
+    message = django_outbox.send("t", {})
+    OutboxMessage.objects.filter(pk=message.pk).update(
+        state=OutboxState.SENDING,
+        locked_until=timezone.now() - timedelta(seconds=5),
+        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
+    )
+    counts = json.loads(run("outbox_sweep"))
+    assert (counts["resent"], counts["sent"]) == (1, 1)
+
+
+def test_purge_deletes_only_finished_rows_past_retention_in_batches():
+    old = timezone.now() - timedelta(days=30)
+    for state in (OutboxState.SENT, OutboxState.CANCELLED):
+        OutboxMessageFactory.create_batch(7, state=state, sent_at=old, finished_at=old)
+    recent = OutboxMessageFactory(
+        state=OutboxState.SENT, sent_at=timezone.now(), finished_at=timezone.now()
+    )
+    failed = OutboxMessageFactory(state=OutboxState.SEND_ERROR, created_at=old)
+    pending = OutboxMessageFactory(created_at=old)
+    assert purge_finished_messages(batch_size=4) == 14
+    assert set(OutboxMessage.objects.values_list("pk", flat=True)) == {
+        recent.pk,
+        failed.pk,
+        pending.pk,
+    }
+    assert "purged 1 message(s)" in run("outbox_purge", "--older-than-days", "0")
+
+
+def test_requeue_by_destination_with_dry_run_and_progress():
+    OutboxMessageFactory.create_batch(5, state=OutboxState.SEND_ERROR, destination="held")
+    OutboxMessageFactory.create_batch(2, state=OutboxState.SEND_ERROR, destination="default")
+    out = run("outbox_requeue", "--destination", "held", "--dry-run")
+    assert "5 message(s) would be requeued" in out
+    assert OutboxMessage.objects.filter(state=OutboxState.SEND_ERROR).count() == 7
+    out = run("outbox_requeue", "--destination", "held", "--batch", "2")
+    assert "requeued 4/5" in out
+    assert "requeued 5 message(s)" in out
+    assert OutboxMessage.objects.filter(state=OutboxState.SEND_ERROR).count() == 2
+
+
+def test_requeue_by_id_and_uuid():
+    a, b, c = OutboxMessageFactory.create_batch(3, state=OutboxState.SEND_ERROR, attempts=9)
+    run("outbox_requeue", "--id", str(a.pk), "--id", str(b.message_id))
+    states = dict(OutboxMessage.objects.values_list("pk", "state"))
+    assert states == {
+        a.pk: OutboxState.SHOULD_BE_SENT,
+        b.pk: OutboxState.SHOULD_BE_SENT,
+        c.pk: OutboxState.SEND_ERROR,
+    }
+    assert OutboxMessage.objects.get(pk=a.pk).attempts == 0
+
+
+def test_requeue_requires_a_filter_and_valid_ids():
+    with pytest.raises(CommandError, match="at least one"):
+        call_command("outbox_requeue")
+    with pytest.raises(CommandError):
+        call_command("outbox_requeue", "--id", "not-an-id")

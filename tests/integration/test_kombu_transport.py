@@ -1,0 +1,105 @@
+"""kombu transport against real RabbitMQ and Redis: commit publishes, rollback does not."""
+
+import pytest
+from django.db import transaction
+from kombu import Connection
+
+import django_outbox
+from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox.relay import Relay
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HEADERS = (
+    "outbox-message-id",
+    "outbox-type",
+    "outbox-key",
+    "outbox-sequence",
+    "outbox-correlation-id",
+    "outbox-created-at",
+    "outbox-attempt",
+)
+
+
+def drain_queue(url, queue, *, transport_options=None, timeout=1.0):
+    """Every message currently in *queue*, acknowledged."""
+    received = []
+    with Connection(url, transport_options=transport_options or {}) as connection:
+        simple = connection.SimpleQueue(queue)
+        try:
+            while True:
+                try:
+                    message = simple.get(timeout=timeout)
+                except simple.Empty:
+                    break
+                received.append(message)
+                message.ack()
+        finally:
+            simple.close()
+    return received
+
+
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker(request, configure_outbox, queue_name):
+    if request.param == "rabbitmq":
+        url = request.getfixturevalue("amqp_url")
+    else:
+        url = request.getfixturevalue("redis_url")
+    configure_outbox(
+        DESTINATIONS={"default": {"TRANSPORT": "kombu", "URL": url, "QUEUE": queue_name}}
+    )
+    if request.param == "rabbitmq":
+        # Declare the queue first so a rollback test has something to read from.
+        with Connection(url) as connection:
+            connection.SimpleQueue(queue_name).close()
+    yield url, queue_name
+    if request.param == "rabbitmq":
+        with Connection(url) as connection:
+            connection.default_channel.queue_delete(queue_name)
+
+
+def test_committed_message_reaches_the_broker_with_all_headers(broker):
+    url, queue = broker
+    with transaction.atomic():
+        message = django_outbox.send(
+            "order.created",
+            {"order_id": 7, "total": "9.90"},
+            key="order:7",
+            headers={"tenant": "acme"},
+            correlation_id="req-1",
+        )
+    assert Relay().drain().sent == 1
+    [received] = drain_queue(url, queue)
+    assert received.payload == {"order_id": 7, "total": "9.90"}
+    assert received.content_type == "application/json"
+    assert set(HEADERS) <= set(received.headers)
+    assert received.headers["outbox-message-id"] == str(message.message_id)
+    assert received.headers["outbox-type"] == "order.created"
+    assert received.headers["outbox-key"] == "order:7"
+    assert received.headers["outbox-sequence"] == "1"
+    assert received.headers["outbox-correlation-id"] == "req-1"
+    assert received.headers["tenant"] == "acme"
+    assert received.properties["message_id"] == str(message.message_id)
+    assert received.properties["delivery_mode"] == 2
+
+
+def test_rolled_back_message_never_reaches_the_broker(broker):
+    url, queue = broker
+    with pytest.raises(RuntimeError), transaction.atomic():
+        django_outbox.send("order.created", {"order_id": 1})
+        raise RuntimeError("payment declined")
+    with transaction.atomic():
+        sentinel = django_outbox.send("order.sentinel", {})
+    Relay().drain()
+    received = drain_queue(url, queue)
+    assert [m.headers["outbox-message-id"] for m in received] == [str(sentinel.message_id)]
+    assert OutboxMessage.objects.count() == 1
+
+
+def test_batch_is_published_in_order_and_confirmed(broker):
+    url, queue = broker
+    sent = [django_outbox.send("t", {"n": n}, key="k").message_id for n in range(250)]
+    assert Relay(batch_size=100).drain().sent == 250
+    received = drain_queue(url, queue)
+    assert [m.headers["outbox-message-id"] for m in received] == [str(m) for m in sent]
+    assert not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists()
