@@ -129,7 +129,8 @@ def _destination(name: Any, raw: Any, default_attempts: int) -> Destination:
     if not isinstance(transport, str) or not transport:
         aliases = ", ".join(TRANSPORT_ALIASES)
         raise ConfigurationError(
-            f"{path}['TRANSPORT'] is required: one of {aliases} or a dotted path to a Transport class"
+            f"{path}['TRANSPORT'] is required: one of {aliases} "
+            "or a dotted path to a Transport class"
         )
     uncertain = _choice(raw.get("UNCERTAIN", "resend"), UNCERTAIN_POLICIES, f"{path}['UNCERTAIN']")
     attempts = _number(

@@ -115,7 +115,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def spawn_manage(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+def spawn_manage(
+    *args: str, env: dict[str, str] | None = None, **kwargs: Any
+) -> subprocess.Popen[str]:
     """Start ``manage.py *args`` as a child process."""
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],

@@ -69,7 +69,9 @@ def claim(
     if updated != len(rows):
         # Another writer got some rows between our SELECT and UPDATE (only
         # possible without row locks): keep exactly what carries our token.
-        return list(model._default_manager.using(queryset.db).filter(pk__in=ids, lock_token=lease.token))
+        return list(
+            model._default_manager.using(queryset.db).filter(pk__in=ids, lock_token=lease.token)
+        )
     for row in rows:
         row.state = running_state  # type: ignore[attr-defined]
         row.locked_until = lease.until  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -58,11 +59,10 @@ def dispatch(using: str, ids: Sequence[int]) -> None:
         if mode == "celery":
             from django_outbox.tasks import deliver_messages
 
+            queue = get_settings().deliver_task_queue
+            options: dict[str, Any] = {"queue": queue} if queue else {}
             deliver_messages.apply_async(
-                args=[list(ids)],
-                kwargs={"using": using},
-                queue=get_settings().deliver_task_queue,
-                retry=False,
+                args=(list(ids),), kwargs={"using": using}, retry=False, **options
             )
         elif mode == "notify":
             connection = connections[using]

@@ -77,4 +77,6 @@ class Envelope:
 
 def encode_json(value: Any) -> bytes:
     """Compact JSON bytes, the same encoding ``send()`` validated."""
-    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(
+        value, cls=DjangoJSONEncoder, separators=(",", ":"), ensure_ascii=False
+    ).encode()

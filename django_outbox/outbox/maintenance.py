@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import Q
@@ -71,7 +71,9 @@ def rescue_stuck_messages(
             last_error=f"{note}; resending",
         )
     if resent or held:
-        logger.warning("rescued %d stuck message(s): %d resent, %d held", resent + held, resent, held)
+        logger.warning(
+            "rescued %d stuck message(s): %d resent, %d held", resent + held, resent, held
+        )
         signals.outbox_messages_rescued.send(sender=rescue_stuck_messages, resent=resent, held=held)
     return RescueResult(resent=resent, held=held)
 

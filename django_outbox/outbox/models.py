@@ -84,9 +84,13 @@ class OutboxMessage(models.Model):
     destination = models.CharField(max_length=100)
     payload = models.JSONField(encoder=DjangoJSONEncoder)
     headers = models.JSONField(default=dict, blank=True)
-    key = models.CharField(max_length=255, null=True, blank=True, help_text="Ordering key.")
+    # NULL (not "") means "no key": the key/sequence CHECK and the partial
+    # unique index rely on it.
+    key = models.CharField(  # noqa: DJ001
+        max_length=255, null=True, blank=True, help_text="Ordering key."
+    )
     sequence = models.BigIntegerField(null=True, blank=True, help_text="Position within key.")
-    correlation_id = models.CharField(max_length=255, null=True, blank=True)
+    correlation_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     state = models.CharField(
         max_length=20, choices=OutboxState.choices, default=OutboxState.SHOULD_BE_SENT
     )
@@ -135,14 +139,17 @@ class OutboxMessage(models.Model):
                 condition=Q(state__in=("sent", "cancelled")),
                 name="outbox_msg_finished_idx",
             ),
-            models.Index(fields=("id",), condition=Q(state="send_error"), name="outbox_msg_error_idx"),
+            models.Index(
+                fields=("id",), condition=Q(state="send_error"), name="outbox_msg_error_idx"
+            ),
         )
         constraints = (
             models.CheckConstraint(
                 condition=Q(state__in=[s.value for s in OutboxState]), name="outbox_msg_state_valid"
             ),
             models.CheckConstraint(
-                condition=~Q(state="sent") | Q(sent_at__isnull=False), name="outbox_msg_sent_has_sent_at"
+                condition=~Q(state="sent") | Q(sent_at__isnull=False),
+                name="outbox_msg_sent_has_sent_at",
             ),
             models.CheckConstraint(
                 condition=~Q(state__in=("sent", "cancelled")) | Q(finished_at__isnull=False),
@@ -197,4 +204,3 @@ class OutboxKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.destination}:{self.key} @ {self.last_sequence}"
-

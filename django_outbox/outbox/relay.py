@@ -201,7 +201,9 @@ class Relay:
     ) -> RelayResult:
         now = self.clock()
         result = RelayResult()
-        held = fenced(OutboxMessage, [m.pk for m in messages], lease, OutboxState.SENDING, self.using)
+        held = fenced(
+            OutboxMessage, [m.pk for m in messages], lease, OutboxState.SENDING, self.using
+        )
         sent = [m for m in messages if m.message_id in outcomes and outcomes[m.message_id] is None]
         untried = [m for m in messages if m.message_id not in outcomes]
         failures = [(m, outcomes[m.message_id]) for m in messages if outcomes.get(m.message_id)]
@@ -285,7 +287,9 @@ class Relay:
 
     # -- loops -------------------------------------------------------------
 
-    def drain(self, *, time_budget: float | None = None, max_batches: int | None = None) -> RelayResult:
+    def drain(
+        self, *, time_budget: float | None = None, max_batches: int | None = None
+    ) -> RelayResult:
         """Run batches until nothing is due, the budget (seconds) or *max_batches* is spent."""
         budget = self.config.drain_seconds if time_budget is None else time_budget
         deadline = time.monotonic() + budget

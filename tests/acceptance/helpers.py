@@ -15,7 +15,9 @@ import redis
 from django_outbox.outbox.models import OutboxMessage
 
 
-def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1) -> Any:
+def wait_for(
+    condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1
+) -> Any:
     """Poll *condition* until it returns something truthy or *timeout* seconds pass."""
     deadline = time.monotonic() + timeout
     while True:

@@ -25,9 +25,7 @@ BAD_KEY = "key-0"
 BAD_AT = 30  # the sequence of BAD_KEY that fails permanently
 
 
-def test_order_holds_per_key_and_a_failing_key_holds_back_only_itself(
-    configure_outbox, redis_url
-):
+def test_order_holds_per_key_and_a_failing_key_holds_back_only_itself(configure_outbox, redis_url):
     configure_outbox(
         DESTINATIONS={
             "default": {
@@ -50,16 +48,12 @@ def test_order_holds_per_key_and_a_failing_key_holds_back_only_itself(
             for k in range(KEYS):
                 django_outbox.send("event", {"round": round_}, key=f"key-{k}")
 
-    relays = [
-        spawn_manage("outbox_relay", "--interval", "0.05", "--no-listen") for _ in range(4)
-    ]
+    relays = [spawn_manage("outbox_relay", "--interval", "0.05", "--no-listen") for _ in range(4)]
     try:
 
         def settled():
             open_good = (
-                OutboxMessage.objects.exclude(key=BAD_KEY)
-                .exclude(state=OutboxState.SENT)
-                .exists()
+                OutboxMessage.objects.exclude(key=BAD_KEY).exclude(state=OutboxState.SENT).exists()
             )
             bad_failed = OutboxMessage.objects.filter(
                 key=BAD_KEY, state=OutboxState.SEND_ERROR

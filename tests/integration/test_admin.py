@@ -46,9 +46,7 @@ def test_changelist_filters_and_searches(client, failed):
 
 def test_detail_shows_payload_and_last_error_read_only(client, failed):
     client.force_login(staff())
-    response = client.get(
-        reverse("admin:django_outbox_outboxmessage_change", args=[failed.pk])
-    )
+    response = client.get(reverse("admin:django_outbox_outboxmessage_change", args=[failed.pk]))
     assert response.status_code == 200
     assert "HTTP 503" in response.text
     assert "&quot;n&quot;" in response.text  # the pretty-printed payload
@@ -64,8 +62,9 @@ def test_requeue_with_permission_resets_attempts(client, failed):
 
 
 def test_requeue_skips_messages_not_in_send_error(client, failed):
-    sent = OutboxMessageFactory(state=OutboxState.SENT, sent_at="2026-01-01T00:00Z",
-                                finished_at="2026-01-01T00:00Z")
+    sent = OutboxMessageFactory(
+        state=OutboxState.SENT, sent_at="2026-01-01T00:00Z", finished_at="2026-01-01T00:00Z"
+    )
     client.force_login(staff("requeue_outboxmessage"))
     response = post_action(client, "requeue_messages", [failed, sent])
     assert "1 message(s) skipped" in response.text

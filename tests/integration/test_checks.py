@@ -23,8 +23,10 @@ def test_valid_configuration_has_no_problems(configure_outbox):
         ({"TRANSPORT": "kombu"}, "django_outbox.E010"),
         ({"TRANSPORT": "kombu", "URL": "localhost"}, "django_outbox.E011"),
         ({"TRANSPORT": "kombu", "URL": "amqp://x", "CONFIRM": False}, "django_outbox.W011"),
-        ({"TRANSPORT": "kombu", "URL": "redis://x", "EXCHANGE": "e", "QUEUE": "q"},
-         "django_outbox.E012"),
+        (
+            {"TRANSPORT": "kombu", "URL": "redis://x", "EXCHANGE": "e", "QUEUE": "q"},
+            "django_outbox.E012",
+        ),
         ({"TRANSPORT": "kombu", "URL": "redis://x"}, "django_outbox.E013"),
         ({"TRANSPORT": "http", "URL": "ftp://x", "SECRET": "s"}, "django_outbox.E014"),
         ({"TRANSPORT": "http", "URL": "https://x"}, "django_outbox.W014"),

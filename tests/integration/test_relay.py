@@ -205,7 +205,9 @@ def test_expired_lease_is_resent_or_held_per_destination_policy(destination, sta
     assert (message.state, message.uncertain) == (state, uncertain)
     assert message.lock_token is None
     assert "outcome uncertain" in message.last_error
-    assert (result.resent, result.held) == ((1, 0) if state == OutboxState.SHOULD_BE_SENT else (0, 1))
+    assert (result.resent, result.held) == (
+        (1, 0) if state == OutboxState.SHOULD_BE_SENT else (0, 1)
+    )
 
 
 def test_unexpired_leases_are_left_alone():

@@ -37,4 +37,6 @@ def message_ref(text: str) -> int | uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a row id or a message UUID, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a row id or a message UUID, got {text!r}"
+        ) from None

@@ -33,9 +33,7 @@ class Command(BaseCommand):
             default=10.0,
             help="Seconds between rescues of expired leases (default 10).",
         )
-        parser.add_argument(
-            "--until-empty", action="store_true", help="Exit once nothing is due."
-        )
+        parser.add_argument("--until-empty", action="store_true", help="Exit once nothing is due.")
         parser.add_argument("--max-batches", type=positive_int, default=None)
         parser.add_argument("--no-listen", action="store_true", help="Poll; do not LISTEN.")
 

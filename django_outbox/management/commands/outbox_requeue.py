@@ -46,7 +46,9 @@ class Command(BaseCommand):
             or options["ids"]
             or options["uncertain"]
         ):
-            raise CommandError("give at least one of --state, --type, --destination, --id, --uncertain")
+            raise CommandError(
+                "give at least one of --state, --type, --destination, --id, --uncertain"
+            )
         selection = OutboxMessage.objects.using(options["database"]).filter(
             state=OutboxState.SEND_ERROR
         )
@@ -68,9 +70,9 @@ class Command(BaseCommand):
         last_pk = 0
         while True:
             pks = list(
-                selection.filter(pk__gt=last_pk).order_by("pk").values_list("pk", flat=True)[
-                    : options["batch"]
-                ]
+                selection.filter(pk__gt=last_pk)
+                .order_by("pk")
+                .values_list("pk", flat=True)[: options["batch"]]
             )
             if not pks:
                 break

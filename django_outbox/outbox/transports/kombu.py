@@ -15,9 +15,9 @@ The strategy follows the URL scheme:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
-import socket
 import time
 import uuid
 from collections.abc import Sequence
@@ -157,7 +157,7 @@ class _AmqpPublisher(_Publisher):
         connection = kombu.Connection(self.url, connect_timeout=self.timeout)
         try:
             connection.connect()
-            channel = connection.channel()
+            channel: Any = connection.channel()  # py-amqp's Channel: confirms and events
             if self.confirm:
                 channel.confirm_select()
                 channel.events["basic_ack"].add(self._on_ack)
@@ -234,16 +234,14 @@ class _AmqpPublisher(_Publisher):
                 raise TimeoutError(f"{len(self._pending)} publisher confirms not received in time")
             try:
                 self._connection.drain_events(timeout=remaining)
-            except socket.timeout:
+            except TimeoutError:
                 continue
 
     def close(self) -> None:
         connection, self._connection, self._producer = self._connection, None, None
         if connection is not None:
-            try:
+            with contextlib.suppress(Exception):  # the connection may already be dead
                 connection.release()
-            except Exception:
-                pass
 
 
 class _RedisPublisher(_Publisher):

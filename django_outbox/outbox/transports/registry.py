@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -51,8 +52,6 @@ def close_all() -> None:
         pid = os.getpid()
         for (owner, _), transport in list(_transports.items()):
             if owner == pid:
-                try:
+                with contextlib.suppress(Exception):  # closing is best effort
                     transport.close()
-                except Exception:  # closing is best effort
-                    pass
         _transports.clear()
