@@ -11,4 +11,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 app = Celery("testproject")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.beat_schedule = {**app.conf.beat_schedule, **OUTBOX_BEAT_SCHEDULE}
+if os.environ.get("TESTPROJECT_SWEEP_SECONDS"):  # the demo sweeps faster than production
+    app.conf.beat_schedule["django-outbox-sweep"]["schedule"] = float(
+        os.environ["TESTPROJECT_SWEEP_SECONDS"]
+    )
 app.autodiscover_tasks()

@@ -49,5 +49,10 @@ class SlowKombuTransport(KombuTransport):
     way to keep a worker busy long enough to be killed mid-way."""
 
     def publish(self, envelopes: Any) -> Any:
-        time.sleep(float(self.options.get("delay", 0)) * len(envelopes))
-        return super().publish(envelopes)
+        # Half the pause before publishing, half after: a kill can land on
+        # either side of the publish, as in real life.
+        pause = float(self.options.get("delay", 0)) * len(envelopes) / 2
+        time.sleep(pause)
+        outcomes = super().publish(envelopes)
+        time.sleep(pause)
+        return outcomes

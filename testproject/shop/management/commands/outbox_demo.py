@@ -1,0 +1,189 @@
+"""The demo: orders and their messages survive a worker killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+from kombu import Connection
+
+import django_outbox
+from django_outbox.models import OutboxMessage, OutboxState
+from testproject.shop.models import Order
+from testproject.shop.services import place_order
+
+ROOT = Path(settings.BASE_DIR)
+
+
+class Command(BaseCommand):
+    help = "Place orders, kill the Celery worker mid-way, watch the sweep recover: lost = 0."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--orders", type=int, default=300)
+        parser.add_argument("--timeout", type=float, default=180.0)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.destination = settings.DJANGO_OUTBOX["DESTINATIONS"]["default"]
+        self.say(
+            f"database: {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}, "
+            f"Celery broker: {settings.CELERY_BROKER_URL}, "
+            f"outbox destination: {self.destination['URL']} queue {self.destination['QUEUE']}"
+        )
+        self.reset()
+        worker = self.start_worker("worker-1", beat=False)
+
+        orders = options["orders"]
+        self.say(f"placing {orders} orders, each committed together with its order.created")
+        rng = random.Random(42)
+        for n in range(orders):
+            place_order(f"customer-{n % 25}", rng.randint(100, 10_000))
+        declined = 0
+        for n in range(3):
+            try:
+                with transaction.atomic():
+                    order = Order.objects.create(customer=f"declined-{n}", total_cents=1)
+                    django_outbox.send("order.created", {"order_id": order.pk}, key="declined")
+                    raise RuntimeError("card declined")
+            except RuntimeError:
+                declined += 1
+        self.say(f"{declined} orders rolled back (card declined): their messages vanish with them")
+
+        self.wait(lambda: self.count(OutboxState.SENT) >= orders // 3, options["timeout"])
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        self.say(f"SIGKILL worker-1 mid-delivery → {self.states()}")
+
+        self.say("starting worker-2 with Celery beat: the sweep rescues expired leases")
+        worker = self.start_worker("worker-2", beat=True)
+        try:
+            self.wait(lambda: self.count(OutboxState.SENT) == orders, options["timeout"])
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        self.report(orders, declined)
+
+    # -- steps ---------------------------------------------------------------
+
+    def reset(self) -> None:
+        OutboxMessage.objects.all().delete()
+        Order.objects.all().delete()
+        self.read_broker()  # empty the destination queue
+        schedule = Path(settings.VAR_DIR) / "celerybeat-schedule"
+        for stale in Path(settings.VAR_DIR).glob("celerybeat-schedule*"):
+            stale.unlink()
+        self.schedule = schedule
+        with Connection(settings.CELERY_BROKER_URL, transport_options=self.broker_options()) as c:
+            c.SimpleQueue("celery").clear()
+
+    def broker_options(self) -> dict[str, Any]:
+        return dict(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {})
+
+    def start_worker(self, name: str, *, beat: bool) -> subprocess.Popen[bytes]:
+        outbox = json.loads(json.dumps(settings.DJANGO_OUTBOX))
+        outbox["DESTINATIONS"]["default"] = {
+            **self.destination,
+            # Slow each publish a little so the kill lands mid-way.
+            "TRANSPORT": "testproject.transports.SlowKombuTransport",
+            "DELAY": 0.01,
+        }
+        outbox.update(BATCH_SIZE=20, LEASE_SECONDS=3)
+        env = {
+            **os.environ,
+            "OUTBOX_SETTINGS_JSON": json.dumps(outbox),
+            "TESTPROJECT_SWEEP_SECONDS": "1",
+        }
+        command = [sys.executable, "-m", "celery", "-A", "testproject", "worker"]
+        command += ["--pool=solo", "-n", f"{name}@%h", "-l", "ERROR", "--without-mingle"]
+        command += ["--without-gossip", "--without-heartbeat"]
+        if beat:
+            command += ["--beat", "--schedule", str(self.schedule)]
+        log = Path(settings.VAR_DIR) / f"demo-{name}.log"
+        with log.open("wb") as output:
+            process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
+            )
+        self.say(f"started Celery {name} (pid {process.pid}, log {log.relative_to(ROOT)})")
+        return process
+
+    def read_broker(self) -> list[str]:
+        ids = []
+        options = self.destination.get("TRANSPORT_OPTIONS") or {}
+        with Connection(self.destination["URL"], transport_options=options) as connection:
+            queue = connection.SimpleQueue(self.destination["QUEUE"])
+            while True:
+                try:
+                    message = queue.get(timeout=0.5)
+                except queue.Empty:
+                    break
+                ids.append(message.headers["outbox-message-id"])
+                message.ack()
+            queue.close()
+        return ids
+
+    def report(self, orders: int, declined: int) -> None:
+        at_broker = Counter(self.read_broker())
+        committed = {
+            str(m): o
+            for m, o in OutboxMessage.objects.values_list("message_id", "payload__order_id")
+        }
+        lost = [m for m in committed if m not in at_broker]
+        duplicates = sum(n - 1 for n in at_broker.values())
+        resent = OutboxMessage.objects.filter(last_error__contains="resending").count()
+        retried = OutboxMessage.objects.filter(attempts__gt=1).count()
+        phantom = [m for m in at_broker if m not in committed]
+        rows = [
+            ("orders committed", Order.objects.count()),
+            ("orders rolled back", declined),
+            ("messages sent", self.count(OutboxState.SENT)),
+            ("messages at the broker (unique)", len(at_broker)),
+            ("resent after the crash (uncertain)", resent),
+            ("retried (attempts > 1)", retried),
+            ("duplicates at the broker (at-least-once)", duplicates),
+            ("messages of rolled-back orders published", len(phantom)),
+            ("lost", len(lost)),
+        ]
+        self.stdout.write("")
+        for label, value in rows:
+            self.stdout.write(f"  {label:<44} {value:>6}")
+        ok = not lost and not phantom and len(at_broker) == orders
+        self.stdout.write("")
+        if ok:
+            self.stdout.write(self.style.SUCCESS("every committed order's message was delivered"))
+        else:
+            self.stdout.write(self.style.ERROR("demo failed: messages were lost or leaked"))
+            raise SystemExit(1)
+
+    # -- helpers -------------------------------------------------------------
+
+    def count(self, state: str) -> int:
+        return OutboxMessage.objects.filter(state=state).count()
+
+    def states(self) -> str:
+        counts = Counter(OutboxMessage.objects.values_list("state", flat=True))
+        return ", ".join(f"{state}: {counts.get(state, 0)}" for state in OutboxState.values)
+
+    def wait(self, condition: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while not condition():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"demo timed out; outbox: {self.states()}")
+            states = self.states()
+            if states != last:
+                self.say(f"  … {states}")
+                last = states
+            time.sleep(0.3)
+
+    def say(self, text: str) -> None:
+        self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {text}")
