@@ -1,0 +1,73 @@
+# The two commands of the README: `make demo` and `make test`.
+# Everything else here is a step of those two or a documented extra
+# (`make bench`, `make chaos`).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PY311 ?= $(shell command -v python3.11 || command -v python3)
+PY312 ?= $(shell p=$$(pyenv prefix 3.12.1 2>/dev/null) && echo $$p/bin/python || command -v python3.12)
+VENV := .venv
+VENV6 := .venv-dj61
+PG_URL ?= postgres://postgres@127.0.0.1:5432/django_outbox
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
+PYTEST_ARGS ?=
+
+.PHONY: help demo test lint test-postgres test-sqlite test-django6 demo-ci bench bench-ci
+
+help:
+	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
+	@echo "make test   set up and run the whole test suite (needs PostgreSQL, Redis, RabbitMQ)"
+	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
+
+$(VENV)/.installed: pyproject.toml
+	$(PY311) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -U pip
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52]"
+	touch $@
+
+$(VENV6)/.installed: pyproject.toml
+	$(PY312) -m venv $(VENV6)
+	$(VENV6)/bin/pip install -q --disable-pip-version-check -U pip
+	$(VENV6)/bin/pip install -q --disable-pip-version-check -e ".[dev,django61]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/python manage.py migrate -v0
+	$(VENV)/bin/python manage.py outbox_demo
+
+test: lint test-postgres test-sqlite test-django6 demo-ci bench-ci
+	@echo "all test stages passed"
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy django_outbox
+	$(VENV)/bin/python manage.py makemigrations --check --dry-run
+
+# Django 5.2 / Python 3.11 on PostgreSQL: every test, real services.
+test-postgres: $(VENV)/.installed
+	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(VENV)/bin/python -m pytest --create-db $(PYTEST_ARGS)
+
+# The embedded default: everything that does not need PostgreSQL row locks.
+test-sqlite: $(VENV)/.installed
+	DATABASE_URL= CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(VENV)/bin/python -m pytest --create-db -m "not postgres" $(PYTEST_ARGS)
+
+# Django 6.1 / Python 3.12 on PostgreSQL.
+test-django6: $(VENV6)/.installed
+	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(VENV6)/bin/python -m pytest --create-db $(PYTEST_ARGS)
+
+# The demo, smaller, on its own SQLite file and embedded broker.
+demo-ci: $(VENV)/.installed
+	export TESTPROJECT_VAR_DIR=$$(mktemp -d) DATABASE_URL= CELERY_BROKER_URL= OUTBOX_BROKER_URL=; \
+		unset DATABASE_URL CELERY_BROKER_URL OUTBOX_BROKER_URL; \
+		$(VENV)/bin/python manage.py migrate -v0 && $(VENV)/bin/python manage.py outbox_demo --orders 90
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.relay --messages 100000 --repeat 3
+
+bench-ci: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1

@@ -1,0 +1,281 @@
+"""Relay throughput benchmark: django-outbox next to a lean hand-written relay.
+
+    python -m tests.benchmarks.relay --messages 100000 --repeat 3
+
+Runs against PostgreSQL (BENCH_DATABASE_URL, default the local server's
+``django_outbox_bench`` database), Redis and RabbitMQ on this machine, one
+process per relay. Prints a Markdown table of medians and ratios; the targets
+of issue #2 are reported as met or missed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import date
+
+BENCH_DB = os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_outbox_bench"
+)
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+QUEUE = "outbox-bench"
+
+os.environ["DATABASE_URL"] = BENCH_DB
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+
+def ensure_database() -> None:
+    import psycopg
+
+    name = BENCH_DB.rsplit("/", 1)[1]
+    admin = BENCH_DB.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def setup_django() -> None:
+    ensure_database()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def fill(count: int, destination: str) -> None:
+    """Insert *count* due messages in one statement (server-side generate_series)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE django_outbox_message")
+        cursor.execute(
+            """
+            INSERT INTO django_outbox_message
+                (message_id, type, destination, payload, headers, state, attempts,
+                 available_at, last_error, uncertain, created_at)
+            SELECT gen_random_uuid(), 'order.created', %s,
+                   jsonb_build_object('order_id', g, 'customer', 'customer-' || (g %% 100),
+                                      'total_cents', 1000 + g %% 997),
+                   '{}', 'should_be_sent', 0, now(), '', false, now()
+            FROM generate_series(1, %s) AS g
+            """,
+            [destination, count],
+        )
+        cursor.execute("VACUUM ANALYZE django_outbox_message")
+
+
+def clear_redis() -> None:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.delete(QUEUE)
+    client.close()
+
+
+def redis_length() -> int:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return int(client.llen(QUEUE))
+    finally:
+        client.close()
+
+
+def purge_rabbit() -> None:
+    from kombu import Connection
+
+    with Connection(AMQP_URL) as connection:
+        connection.default_channel.queue_delete(QUEUE)
+
+
+def run_outbox_relay(count: int, destination: str) -> float:
+    """django-outbox's relay, one process, batches of 500: messages per second."""
+    from django.db import connection
+
+    from django_outbox.outbox.relay import Relay
+    from django_outbox.outbox.transports import registry
+
+    registry.close_all()
+    relay = Relay(batch_size=500)
+    relay.run_batch([-1])  # connect the transport outside the timed section
+    started = time.perf_counter()
+    total = relay.drain(time_budget=3600)
+    elapsed = time.perf_counter() - started
+    assert total.sent == count, total
+    connection.close()
+    return count / elapsed
+
+
+def run_lean_relay(count: int) -> float:
+    """The same data movement written directly with psycopg and redis-py."""
+    import psycopg
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    conn = psycopg.connect(BENCH_DB)
+    moved = 0
+    started = time.perf_counter()
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                """
+                UPDATE django_outbox_message
+                SET state = 'sending', locked_until = now() + interval '60 seconds',
+                    lock_token = %s, attempts = attempts + 1
+                WHERE id IN (
+                    SELECT id FROM django_outbox_message
+                    WHERE state = 'should_be_sent' AND available_at <= now()
+                    ORDER BY available_at, id LIMIT 500 FOR UPDATE SKIP LOCKED)
+                RETURNING id, message_id, type, payload
+                """,
+                [uuid.uuid4()],
+            ).fetchall()
+        if not rows:
+            break
+        client.lpush(
+            QUEUE,
+            *[json.dumps({"id": str(r[1]), "type": r[2], "payload": r[3]}) for r in rows],
+        )
+        with conn.transaction():
+            conn.execute(
+                """
+                UPDATE django_outbox_message
+                SET state = 'sent', sent_at = now(), finished_at = now(),
+                    locked_until = NULL, lock_token = NULL
+                WHERE id = ANY(%s)
+                """,
+                [[r[0] for r in rows]],
+            )
+        moved += len(rows)
+    elapsed = time.perf_counter() - started
+    conn.close()
+    client.close()
+    assert moved == count, moved
+    return count / elapsed
+
+
+def run_send_vs_delay_on_commit(transactions: int) -> tuple[float, float]:
+    """Transactions per second: an order + send() vs an order + delay_on_commit()."""
+    from celery import shared_task
+    from django.db import connection, transaction
+
+    import django_outbox
+    from testproject.shop.models import Order
+
+    @shared_task(name="bench.noop")
+    def noop(order_id: int) -> None:
+        return None
+
+    def with_send(n: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(customer=f"c{n}", total_cents=abs(n))
+            django_outbox.send("order.created", {"order_id": order.pk}, to="bench-redis")
+
+    def with_delay(n: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(customer=f"c{n}", total_cents=abs(n))
+            noop.delay_on_commit(order.pk)
+
+    def rate(body: Callable[[int], None]) -> float:
+        body(-1)  # warm up connections
+        started = time.perf_counter()
+        for n in range(transactions):
+            body(n)
+        return transactions / (time.perf_counter() - started)
+
+    result = rate(with_send), rate(with_delay)
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE shop_order, django_outbox_message")
+    return result
+
+
+def configure(dispatch: str = "none") -> None:
+    from django.conf import settings
+
+    settings.DJANGO_OUTBOX = {
+        "DESTINATIONS": {
+            "bench-redis": {"TRANSPORT": "kombu", "URL": REDIS_URL, "QUEUE": QUEUE},
+            "bench-rabbit": {"TRANSPORT": "kombu", "URL": AMQP_URL, "QUEUE": QUEUE},
+        },
+        "DISPATCH": dispatch,
+    }
+    from django_outbox.conf import _reset_on_change
+
+    _reset_on_change(setting="DJANGO_OUTBOX")
+
+
+def median_of(repeat: int, prepare: Callable[[], None], measure: Callable[[], float]) -> float:
+    samples = []
+    for _ in range(repeat):
+        prepare()
+        samples.append(measure())
+    return statistics.median(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--transactions", type=int, default=2000)
+    args = parser.parse_args()
+    setup_django()
+    configure()
+    n, repeat = args.messages, args.repeat
+
+    def prepare_redis() -> None:
+        clear_redis()
+        fill(n, "bench-redis")
+
+    ours_redis = median_of(repeat, prepare_redis, lambda: run_outbox_relay(n, "bench-redis"))
+    assert redis_length() == n
+    lean_redis = median_of(repeat, prepare_redis, lambda: run_lean_relay(n))
+
+    def prepare_rabbit() -> None:
+        purge_rabbit()
+        fill(n, "bench-rabbit")
+
+    ours_rabbit = median_of(repeat, prepare_rabbit, lambda: run_outbox_relay(n, "bench-rabbit"))
+    purge_rabbit()
+
+    configure(dispatch="celery")
+    send_tps, delay_tps = run_send_vs_delay_on_commit(min(args.transactions, max(n // 10, 200)))
+
+    rows = [
+        ("relay PostgreSQL → Redis, django-outbox", ours_redis, ours_redis / lean_redis, ">= 0.70"),
+        ("relay PostgreSQL → Redis, lean psycopg + redis-py", lean_redis, 1.0, ""),
+        ("relay PostgreSQL → RabbitMQ (confirms), django-outbox", ours_rabbit, None, ">= 3,500/s"),
+        ("transaction: order + send() (on-commit task)", send_tps, send_tps / delay_tps, ">= 1.00"),
+        ("transaction: order + delay_on_commit()", delay_tps, 1.0, ""),
+    ]
+    print(f"\n{date.today()} · {platform.node()} · {os.cpu_count()} cores · Python "
+          f"{platform.python_version()} · {n} messages, median of {repeat}\n")
+    print("| measurement | per second | ratio | target |")
+    print("|---|---:|---:|---|")
+    for label, value, ratio, target in rows:
+        ratio_text = f"{ratio:.2f}" if ratio is not None else "—"
+        print(f"| {label} | {value:,.0f} | {ratio_text} | {target} |")
+    checks = {
+        "redis relay >= 70% of lean": ours_redis >= 0.7 * lean_redis,
+        "rabbitmq with confirms >= 3,500/s": ours_rabbit >= 3500,
+        "send() transaction >= delay_on_commit transaction": send_tps >= delay_tps,
+    }
+    print()
+    for name, met in checks.items():
+        print(f"- {name}: {'met' if met else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
