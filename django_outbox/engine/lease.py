@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -45,11 +45,14 @@ def claim(
     """
     if not transaction.get_connection(queryset.db).in_atomic_block:
         raise RuntimeError("claim() must run inside transaction.atomic()")
-    features = transaction.get_connection(queryset.db).features
+    connection = transaction.get_connection(queryset.db)
+    features = connection.features
     model = queryset.model
     locked = queryset.select_for_update(
         skip_locked=True, of=("self",) if features.has_select_for_update_of else ()
     )
+    if connection.vendor == "postgresql":
+        return _claim_returning(locked, lease=lease, limit=limit, running_state=running_state)
     rows = list(locked[:limit])
     if not rows:
         return []
@@ -80,13 +83,39 @@ def claim(
     return rows
 
 
-def fenced(
-    model: type[M], ids: Sequence[Any], lease: Lease, running_state: str, using: str
-) -> models.QuerySet[M]:
-    """Rows among *ids* still held under *lease*: the only ones a holder may change."""
-    return model._default_manager.using(using).filter(
-        pk__in=ids, lock_token=lease.token, state=running_state
+def _claim_returning(
+    locked: models.QuerySet[M], *, lease: Lease, limit: int, running_state: str
+) -> list[M]:
+    """PostgreSQL: lock, lease and read the batch in one ``UPDATE … RETURNING``.
+
+    One round trip and no list of ids on the wire: at 500 rows a batch the
+    separate SELECT and ``id IN (…)`` UPDATE cost as much as the publish.
+    """
+    model = locked.model
+    connection = transaction.get_connection(locked.db)
+    q = connection.ops.quote_name
+    meta = model._meta
+    pk_column = q(meta.pk.column)
+    select_sql, select_params = (
+        locked.order_by(*locked.query.order_by).values("pk")[:limit].query.sql_with_params()
     )
+    columns = ", ".join(q(f.column) for f in meta.concrete_fields)
+    sql = (
+        f"UPDATE {q(meta.db_table)} SET {q('state')} = %s, {q('locked_until')} = %s, "
+        f"{q('lock_token')} = %s, {q('attempts')} = {q('attempts')} + 1 "
+        f"WHERE {pk_column} IN ({select_sql}) RETURNING {columns}"
+    )
+    params = (running_state, lease.until, lease.token, *select_params)
+    return list(model._default_manager.db_manager(locked.db).raw(sql, params))
+
+
+def fenced(model: type[M], lease: Lease, running_state: str, using: str) -> models.QuerySet[M]:
+    """Rows still held under *lease*: the only ones its holder may change.
+
+    Once a sweep recovers an expired lease it clears the token, so a late
+    writer's UPDATE through this queryset matches nothing.
+    """
+    return model._default_manager.using(using).filter(lock_token=lease.token, state=running_state)
 
 
 def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, Any]]) -> int:

@@ -127,6 +127,10 @@ class OutboxMessage(models.Model):
             models.Index(
                 fields=("locked_until",), condition=Q(state="sending"), name="outbox_msg_lease_idx"
             ),
+            # Recording outcomes finds a batch by its lease token.
+            models.Index(
+                fields=("lock_token",), condition=Q(state="sending"), name="outbox_msg_token_idx"
+            ),
             # Ordering check: is an earlier message of this key unfinished?
             models.Index(
                 fields=("destination", "key", "sequence"),

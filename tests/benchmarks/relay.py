@@ -259,8 +259,10 @@ def main() -> int:
         ("transaction: order + send() (on-commit task)", send_tps, send_tps / delay_tps, ">= 1.00"),
         ("transaction: order + delay_on_commit()", delay_tps, 1.0, ""),
     ]
-    print(f"\n{date.today()} · {platform.node()} · {os.cpu_count()} cores · Python "
-          f"{platform.python_version()} · {n} messages, median of {repeat}\n")
+    print(
+        f"\n{date.today()} · {platform.node()} · {os.cpu_count()} cores · Python "
+        f"{platform.python_version()} · {n} messages, median of {repeat}\n"
+    )
     print("| measurement | per second | ratio | target |")
     print("|---|---:|---:|---|")
     for label, value, ratio, target in rows:
