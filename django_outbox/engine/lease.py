@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ def claim(
     lease: Lease,
     limit: int,
     running_state: str,
+    fields: Sequence[str] | None = None,
 ) -> list[M]:
     """Claim up to *limit* rows of *queryset* under *lease* and return them.
 
@@ -41,7 +42,8 @@ def claim(
     on databases without row locks (SQLite, which serialises writers) a row
     that stopped matching is not taken. ``attempts`` is counted here, so a
     message that kills its sender every time still runs out of attempts.
-    Must run inside ``transaction.atomic``.
+    *fields* limits the columns read back (the rest are deferred; the lease
+    fields are always set). Must run inside ``transaction.atomic``.
     """
     if not transaction.get_connection(queryset.db).in_atomic_block:
         raise RuntimeError("claim() must run inside transaction.atomic()")
@@ -52,7 +54,11 @@ def claim(
         skip_locked=True, of=("self",) if features.has_select_for_update_of else ()
     )
     if connection.vendor == "postgresql":
-        return _claim_returning(locked, lease=lease, limit=limit, running_state=running_state)
+        return _claim_returning(
+            locked, lease=lease, limit=limit, running_state=running_state, fields=fields
+        )
+    if fields is not None:
+        locked = locked.only(*fields)
     rows = list(locked[:limit])
     if not rows:
         return []
@@ -84,7 +90,12 @@ def claim(
 
 
 def _claim_returning(
-    locked: models.QuerySet[M], *, lease: Lease, limit: int, running_state: str
+    locked: models.QuerySet[M],
+    *,
+    lease: Lease,
+    limit: int,
+    running_state: str,
+    fields: Sequence[str] | None,
 ) -> list[M]:
     """PostgreSQL: lock, lease and read the batch in one ``UPDATE … RETURNING``.
 
@@ -99,14 +110,34 @@ def _claim_returning(
     select_sql, select_params = (
         locked.order_by(*locked.query.order_by).values("pk")[:limit].query.sql_with_params()
     )
-    columns = ", ".join(q(f.column) for f in meta.concrete_fields)
+    wanted = [f for f in (meta.concrete_fields if fields is None else map(meta.get_field, fields))]
+    columns = ", ".join(q(f.column) for f in wanted)  # type: ignore[union-attr]
     sql = (
         f"UPDATE {q(meta.db_table)} SET {q('state')} = %s, {q('locked_until')} = %s, "
         f"{q('lock_token')} = %s, {q('attempts')} = {q('attempts')} + 1 "
         f"WHERE {pk_column} IN ({select_sql}) RETURNING {columns}"
     )
     params = (running_state, lease.until, lease.token, *select_params)
-    return list(model._default_manager.db_manager(locked.db).raw(sql, params))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        records = cursor.fetchall()
+    names = [f.attname for f in wanted]  # type: ignore[union-attr]
+    converters = [(i, f) for i, f in enumerate(wanted) if hasattr(f, "from_db_value")]
+    rows = []
+    for record in records:
+        values = list(record)
+        raw = {}
+        for i, field in converters:
+            if isinstance(field, models.JSONField):
+                # Keep the JSON text too: a transport can send it as-is.
+                raw[f"{field.attname}_json"] = values[i]
+            values[i] = field.from_db_value(values[i], None, connection)
+        row = model.from_db(locked.db, names, values)
+        row.__dict__.update(
+            raw, state=running_state, locked_until=lease.until, lock_token=lease.token
+        )
+        rows.append(row)
+    return rows
 
 
 def fenced(model: type[M], lease: Lease, running_state: str, using: str) -> models.QuerySet[M]:

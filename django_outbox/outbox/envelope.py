@@ -38,6 +38,8 @@ class Envelope:
     created_at: datetime | None = None
     attempt: int = 1
     user_headers: Mapping[str, str] = field(default_factory=dict)
+    #: The payload's JSON text as read from the database, when available.
+    payload_json: str | None = None
 
     @classmethod
     def from_message(cls, message: OutboxMessage) -> Envelope:
@@ -53,6 +55,7 @@ class Envelope:
             created_at=message.created_at,
             attempt=message.attempts,
             user_headers=message.headers or {},
+            payload_json=message.__dict__.get("payload_json"),
         )
 
     @property
@@ -71,8 +74,16 @@ class Envelope:
         return headers
 
     def body(self) -> bytes:
-        """The payload as compact UTF-8 JSON."""
+        """The payload as UTF-8 JSON (the stored text when the claim kept it)."""
+        if self.payload_json is not None:
+            return self.payload_json.encode()
         return encode_json(self.payload)
+
+    def body_text(self) -> str:
+        """The payload as JSON text."""
+        if self.payload_json is not None:
+            return self.payload_json
+        return encode_json(self.payload).decode()
 
 
 def encode_json(value: Any) -> bytes:

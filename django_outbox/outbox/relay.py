@@ -45,6 +45,20 @@ from django_outbox.outbox.transports.registry import get_transport
 logger = logging.getLogger("django_outbox.relay")
 
 ERROR_CHARS = 4000
+#: Columns a claim reads back: what envelopes, outcomes and signals need.
+CLAIMED_FIELDS = (
+    "id",
+    "message_id",
+    "type",
+    "destination",
+    "payload",
+    "headers",
+    "key",
+    "sequence",
+    "correlation_id",
+    "attempts",
+    "created_at",
+)
 
 
 @dataclass
@@ -111,7 +125,11 @@ class Relay:
             queryset = queryset.filter(pk__in=ids)
         with transaction.atomic(using=self.using):
             rows = claim(
-                queryset, lease=lease, limit=self.batch_size, running_state=OutboxState.SENDING
+                queryset,
+                lease=lease,
+                limit=self.batch_size,
+                running_state=OutboxState.SENDING,
+                fields=CLAIMED_FIELDS,
             )
             room = self.batch_size - len(rows)
             if room > 0 and any(row.key is not None for row in rows):
@@ -153,7 +171,13 @@ class Relay:
         followers = OutboxMessage.objects.using(self.using).filter(
             pk__in=chosen, state=OutboxState.SHOULD_BE_SENT
         )
-        return claim(followers, lease=lease, limit=room, running_state=OutboxState.SENDING)
+        return claim(
+            followers,
+            lease=lease,
+            limit=room,
+            running_state=OutboxState.SENDING,
+            fields=CLAIMED_FIELDS,
+        )
 
     # -- the cycle ---------------------------------------------------------
 

@@ -28,9 +28,10 @@ def start_worker():
     """Start a Celery worker that reads the test's current DJANGO_OUTBOX."""
     processes = []
 
-    def start():
+    def start(queue):
         command = [
             *(sys.executable, "-m", "celery", "-A", "testproject", "worker", "--pool=solo"),
+            *("-Q", queue),
             *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"),
         ]
         process = subprocess.Popen(
@@ -58,8 +59,10 @@ def test_worker_delivers_committed_messages_and_nothing_rolled_back(
             "redis": {"TRANSPORT": "kombu", "URL": redis_url, "QUEUE": queue_name},
         },
         DISPATCH="celery",
+        # A queue of its own: stale triggers from other runs cannot delay this one.
+        DELIVER_TASK_QUEUE=queue_name,
     )
-    start_worker()
+    start_worker(queue_name)
     with Connection(amqp_url) as connection:
         connection.SimpleQueue(queue_name).close()
 

@@ -29,6 +29,10 @@ AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//
 QUEUE = "outbox-bench"
 
 os.environ["DATABASE_URL"] = BENCH_DB
+# On-commit triggers go to a Redis database of the benchmark's own, purged after.
+os.environ["CELERY_BROKER_URL"] = os.environ.get(
+    "BENCH_CELERY_BROKER_URL", "redis://127.0.0.1:6379/11"
+)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
 
@@ -196,6 +200,9 @@ def run_send_vs_delay_on_commit(transactions: int) -> tuple[float, float]:
         return transactions / (time.perf_counter() - started)
 
     result = rate(with_send), rate(with_delay)
+    import redis
+
+    redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).flushdb()
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE shop_order, django_outbox_message")
     return result

@@ -261,7 +261,7 @@ class _RedisPublisher(_Publisher):
         message_id = str(envelope.message_id)
         return json.dumps(
             {
-                "body": envelope.body().decode(),
+                "body": envelope.body_text(),
                 "content-encoding": "utf-8",
                 "content-type": "application/json",
                 "headers": envelope.headers,
