@@ -113,7 +113,7 @@ class Command(BaseCommand):
             process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
             )
-        self.say(f"started Celery {name} (pid {process.pid}, log {log.relative_to(ROOT)})")
+        self.say(f"started Celery {name} (pid {process.pid}, log {log})")
         return process
 
     def read_broker(self) -> list[str]:
