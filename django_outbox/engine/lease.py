@@ -43,20 +43,33 @@ def claim(
     that stopped matching is not taken. ``attempts`` is counted here, so a
     message that kills its sender every time still runs out of attempts.
     *fields* limits the columns read back (the rest are deferred; the lease
-    fields are always set). Must run inside ``transaction.atomic``.
+    fields are always set). Runs its own transaction where it needs one.
     """
-    if not transaction.get_connection(queryset.db).in_atomic_block:
-        raise RuntimeError("claim() must run inside transaction.atomic()")
     connection = transaction.get_connection(queryset.db)
-    features = connection.features
+    if connection.vendor == "postgresql":
+        return _claim_returning(
+            queryset, lease=lease, limit=limit, running_state=running_state, fields=fields
+        )
+    with transaction.atomic(using=queryset.db):
+        return _claim_select_then_update(
+            queryset, lease=lease, limit=limit, running_state=running_state, fields=fields
+        )
+
+
+def _claim_select_then_update(
+    queryset: models.QuerySet[M],
+    *,
+    lease: Lease,
+    limit: int,
+    running_state: str,
+    fields: Sequence[str] | None,
+) -> list[M]:
+    """Any database: lock (where possible) and read, then lease by primary key."""
+    features = transaction.get_connection(queryset.db).features
     model = queryset.model
     locked = queryset.select_for_update(
         skip_locked=True, of=("self",) if features.has_select_for_update_of else ()
     )
-    if connection.vendor == "postgresql":
-        return _claim_returning(
-            locked, lease=lease, limit=limit, running_state=running_state, fields=fields
-        )
     if fields is not None:
         locked = locked.only(*fields)
     rows = list(locked[:limit])
@@ -90,7 +103,7 @@ def claim(
 
 
 def _claim_returning(
-    locked: models.QuerySet[M],
+    queryset: models.QuerySet[M],
     *,
     lease: Lease,
     limit: int,
@@ -99,17 +112,18 @@ def _claim_returning(
 ) -> list[M]:
     """PostgreSQL: lock, lease and read the batch in one ``UPDATE … RETURNING``.
 
-    One round trip and no list of ids on the wire: at 500 rows a batch the
-    separate SELECT and ``id IN (…)`` UPDATE cost as much as the publish.
+    One round trip, no transaction around it and no list of ids on the wire:
+    at 500 rows a batch the separate SELECT and ``id IN (…)`` UPDATE cost as
+    much as the publish. ``FOR UPDATE SKIP LOCKED`` applies to the subquery's
+    own table only (the filter's EXISTS sublinks lock nothing).
     """
-    model = locked.model
-    connection = transaction.get_connection(locked.db)
+    model = queryset.model
+    connection = transaction.get_connection(queryset.db)
     q = connection.ops.quote_name
     meta = model._meta
     pk_column = q(meta.pk.column)
-    select_sql, select_params = (
-        locked.order_by(*locked.query.order_by).values("pk")[:limit].query.sql_with_params()
-    )
+    select_sql, select_params = queryset.values("pk")[:limit].query.sql_with_params()
+    select_sql += " FOR UPDATE SKIP LOCKED"
     wanted = [f for f in (meta.concrete_fields if fields is None else map(meta.get_field, fields))]
     columns = ", ".join(q(f.column) for f in wanted)  # type: ignore[union-attr]
     sql = (
@@ -131,8 +145,11 @@ def _claim_returning(
             if isinstance(field, models.JSONField):
                 # Keep the JSON text too: a transport can send it as-is.
                 raw[f"{field.attname}_json"] = values[i]
+                if values[i] == "{}":  # most headers: skip the decoder
+                    values[i] = {}
+                    continue
             values[i] = field.from_db_value(values[i], None, connection)
-        row = model.from_db(locked.db, names, values)
+        row = model.from_db(queryset.db, names, values)
         row.__dict__.update(
             raw, state=running_state, locked_until=lease.until, lock_token=lease.token
         )

@@ -123,17 +123,18 @@ class Relay:
         queryset = self.claimable(now)
         if ids is not None:
             queryset = queryset.filter(pk__in=ids)
-        with transaction.atomic(using=self.using):
-            rows = claim(
-                queryset,
-                lease=lease,
-                limit=self.batch_size,
-                running_state=OutboxState.SENDING,
-                fields=CLAIMED_FIELDS,
-            )
-            room = self.batch_size - len(rows)
-            if room > 0 and any(row.key is not None for row in rows):
-                rows += self._claim_followers(rows, now, lease, room)
+        rows = claim(
+            queryset,
+            lease=lease,
+            limit=self.batch_size,
+            running_state=OutboxState.SENDING,
+            fields=CLAIMED_FIELDS,
+        )
+        room = self.batch_size - len(rows)
+        if room > 0 and any(row.key is not None for row in rows):
+            # A separate statement is safe: the heads are ours (``sending``)
+            # until we record them, so no one else can claim their followers.
+            rows += self._claim_followers(rows, now, lease, room)
         return rows
 
     def _claim_followers(

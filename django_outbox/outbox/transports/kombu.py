@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -266,8 +265,9 @@ class _RedisPublisher(_Publisher):
                 "content-type": "application/json",
                 "headers": envelope.headers,
                 "properties": {
-                    # Unique per publish: kombu tracks unacked deliveries by tag.
-                    "delivery_tag": str(uuid.uuid4()),
+                    # Unique per publish (kombu tracks unacked deliveries by
+                    # tag): every claim counts an attempt, so a resend differs.
+                    "delivery_tag": f"{message_id}.{envelope.attempt}",
                     "delivery_mode": 2,
                     "priority": 0,
                     "message_id": message_id,
