@@ -44,6 +44,8 @@ DEFAULTS: Mapping[str, Any] = {
     "RETENTION_DAYS": 7.0,
     "PURGE_BATCH_SIZE": 1000,
     "DISPATCH": "celery",
+    "DISPATCH_IN_BACKGROUND": True,
+    "DISPATCH_COALESCE_SECONDS": 0.02,
     "DELIVER_TASK_QUEUE": None,
     "DRAIN_SECONDS": 5.0,
     "NOTIFY_CHANNEL": "django_outbox",
@@ -82,6 +84,8 @@ class OutboxSettings:
     retention_days: float
     purge_batch_size: int
     dispatch: DispatchMode
+    dispatch_in_background: bool
+    dispatch_coalesce_seconds: float
     deliver_task_queue: str | None
     drain_seconds: float
     notify_channel: str
@@ -175,6 +179,9 @@ def load(raw: Any) -> OutboxSettings:
     channel = raw.get("NOTIFY_CHANNEL", DEFAULTS["NOTIFY_CHANNEL"])
     if not isinstance(channel, str) or not channel.isidentifier():
         raise ConfigurationError(f"{SETTING_NAME}['NOTIFY_CHANNEL'] must be an identifier")
+    in_background = raw.get("DISPATCH_IN_BACKGROUND", DEFAULTS["DISPATCH_IN_BACKGROUND"])
+    if not isinstance(in_background, bool):
+        raise ConfigurationError(f"{SETTING_NAME}['DISPATCH_IN_BACKGROUND'] must be True or False")
     dispatch = _choice(
         raw.get("DISPATCH", DEFAULTS["DISPATCH"]), DISPATCH_MODES, f"{SETTING_NAME}['DISPATCH']"
     )
@@ -189,6 +196,10 @@ def load(raw: Any) -> OutboxSettings:
         retention_days=_number(raw, "RETENTION_DAYS", float, minimum=0, path=f"{path}: "),
         purge_batch_size=_number(raw, "PURGE_BATCH_SIZE", int, minimum=1, path=f"{path}: "),
         dispatch=cast(DispatchMode, dispatch),
+        dispatch_in_background=in_background,
+        dispatch_coalesce_seconds=_number(
+            raw, "DISPATCH_COALESCE_SECONDS", float, minimum=0, path=f"{path}: "
+        ),
         deliver_task_queue=queue,
         drain_seconds=_number(raw, "DRAIN_SECONDS", float, minimum=0, path=f"{path}: "),
         notify_channel=channel,

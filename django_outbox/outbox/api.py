@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, router, transaction
-from django.db.models import F
+from django.db.models import F, Field
 from django.utils import timezone
 
 from django_outbox.conf import get_settings
@@ -75,7 +75,40 @@ def _insert(message: OutboxMessage, db: str) -> None:
     message.created_at = message.available_at = now
     if message.key is not None:
         message.sequence = next_sequence(db, message.destination, message.key)
-    message.save(force_insert=True, using=db)
+    connection = connections[db]
+    if connection.vendor not in ("postgresql", "sqlite"):
+        message.save(force_insert=True, using=db)
+        return
+    # The hot path of every send(): one INSERT … RETURNING whose SQL is built
+    # once per connection, skipping Model.save()'s per-call compilation (about
+    # a tenth of a millisecond, a tenth of a small transaction). No model
+    # signals are sent for outbox rows.
+    sql, fields = _insert_statement(connection)
+    params = [f.get_db_prep_save(getattr(message, f.attname), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        message.pk = cursor.fetchone()[0]
+    message._state.adding = False
+    message._state.db = db
+
+
+_INSERT_CACHE: dict[str, tuple[str, list[Field[Any, Any]]]] = {}
+
+
+def _insert_statement(connection: Any) -> tuple[str, list[Field[Any, Any]]]:
+    cached = _INSERT_CACHE.get(connection.alias)
+    if cached is None:
+        meta = OutboxMessage._meta
+        q = connection.ops.quote_name
+        fields = [f for f in meta.concrete_fields if not f.primary_key]
+        columns = ", ".join(q(f.column) for f in fields)
+        placeholders = ", ".join(["%s"] * len(fields))
+        sql = (
+            f"INSERT INTO {q(meta.db_table)} ({columns}) VALUES ({placeholders}) "
+            f"RETURNING {q(meta.pk.column)}"
+        )
+        cached = _INSERT_CACHE[connection.alias] = (sql, fields)
+    return cached
 
 
 def next_sequence(db: str, destination: str, key: str) -> int:

@@ -1,8 +1,21 @@
-"""On-commit triggers: one dispatch per transaction, carrying all its message ids."""
+"""On-commit triggers: one dispatch per transaction, carrying all its message ids.
+
+With ``DISPATCH_IN_BACKGROUND`` (the default) the commit only hands the ids to
+a per-process daemon thread, which publishes the Celery trigger: the caller
+never waits on the broker, and triggers of transactions that commit while one
+is being published are merged into the next. If the process dies before the
+thread publishes, the rows are committed all the same and the recovery sweep
+delivers them.
+"""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import threading
+import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +26,8 @@ from django_outbox.conf import get_settings
 logger = logging.getLogger("django_outbox.dispatch")
 
 _ATTRIBUTE = "_django_outbox_trigger"
+#: Most ids one Celery trigger carries; a larger merge is split.
+MAX_IDS_PER_TRIGGER = 5000
 
 
 class Trigger:
@@ -54,21 +69,34 @@ def schedule(using: str, pk: int) -> None:
 
 def dispatch(using: str, ids: Sequence[int]) -> None:
     """Wake a relay for *ids* as ``DISPATCH`` says; never raises (the sweep is the backstop)."""
-    mode = get_settings().dispatch
+    config = get_settings()
+    if config.dispatch == "celery" and config.dispatch_in_background:
+        _background.submit(using, ids)
+    else:
+        dispatch_now(using, ids)
+
+
+def dispatch_now(using: str, ids: Sequence[int]) -> None:
+    """Publish the trigger for *ids* in this thread."""
+    config = get_settings()
+    mode = config.dispatch
     try:
         if mode == "celery":
             from django_outbox.tasks import deliver_messages
 
-            queue = get_settings().deliver_task_queue
-            options: dict[str, Any] = {"queue": queue} if queue else {}
-            deliver_messages.apply_async(
-                args=(list(ids),), kwargs={"using": using}, retry=False, **options
+            options: dict[str, Any] = (
+                {"queue": config.deliver_task_queue} if config.deliver_task_queue else {}
             )
+            for start in range(0, len(ids), MAX_IDS_PER_TRIGGER):
+                chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
+                deliver_messages.apply_async(
+                    args=(chunk,), kwargs={"using": using}, retry=False, **options
+                )
         elif mode == "notify":
             connection = connections[using]
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_notify(%s, '')", [get_settings().notify_channel])
+                    cursor.execute("SELECT pg_notify(%s, '')", [config.notify_channel])
     except Exception:
         # The rows are committed; the recovery sweep will deliver them.
         logger.exception(
@@ -76,3 +104,65 @@ def dispatch(using: str, ids: Sequence[int]) -> None:
             len(ids),
             mode,
         )
+
+
+class BackgroundDispatcher:
+    """A daemon thread that publishes triggers handed over by committing threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: defaultdict[str, list[int]] = defaultdict(list)
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def submit(self, using: str, ids: Sequence[int]) -> None:
+        """Queue *ids* for the next trigger (returns at once)."""
+        with self._lock:
+            if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
+                # First use, or a forked child: the parent's thread is not ours.
+                self._pending = defaultdict(list)
+                self._busy = False
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="django-outbox-dispatch", daemon=True
+                )
+                self._thread.start()
+            self._pending[using].extend(ids)
+            self._wake.notify()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued trigger is published; return False on timeout."""
+        with self._lock:
+            return self._wake.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._wake.wait_for(lambda: bool(self._pending))
+                batch, self._pending = self._pending, defaultdict(list)
+                self._busy = True
+            try:
+                for using, ids in batch.items():
+                    dispatch_now(using, ids)
+                # A quiet process publishes each trigger at once; a busy one
+                # publishes at most one per window, carrying every id that
+                # committed meanwhile: under load triggers stop costing the
+                # committing threads (and the workers) anything per message.
+                time.sleep(get_settings().dispatch_coalesce_seconds)
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._wake.notify_all()
+
+
+_background = BackgroundDispatcher()
+
+
+def flush(timeout: float = 5.0) -> bool:
+    """Publish queued background triggers now (tests, shutdown); False on timeout."""
+    return _background.flush(timeout)
+
+
+atexit.register(flush, 2.0)

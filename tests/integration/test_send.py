@@ -2,23 +2,35 @@
 
 import decimal
 import math
+import threading
 
 import pytest
 from django.db import transaction
 
 import django_outbox
 from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox import dispatch
 from django_outbox.tasks import deliver_messages
 from testproject.shop.models import Order
 
 pytestmark = pytest.mark.django_db
 
 
+class Published(list):
+    """Ids of each deliver task published; reading it waits for the dispatcher thread."""
+
+    def __eq__(self, other):
+        assert dispatch.flush(timeout=5)
+        return list(self) == other
+
+    __hash__ = None
+
+
 @pytest.fixture
 def dispatched(configure_outbox, monkeypatch):
     """Celery dispatch on; records the ids of each deliver task instead of publishing."""
     configure_outbox(DISPATCH="celery")
-    calls = []
+    calls = Published()
     monkeypatch.setattr(
         deliver_messages, "apply_async", lambda args, **kw: calls.append(sorted(args[0]))
     )
@@ -59,6 +71,7 @@ def test_rolled_back_savepoint_does_not_lose_the_outer_dispatch(
             raise RuntimeError
         outer = django_outbox.send("outer", {})
     assert list(OutboxMessage.objects.values_list("type", flat=True)) == ["outer"]
+    assert dispatch.flush()
     assert len(dispatched) == 1
     assert outer.pk in dispatched[0]
 
@@ -67,6 +80,55 @@ def test_rolled_back_savepoint_does_not_lose_the_outer_dispatch(
 def test_autocommit_send_dispatches_immediately(dispatched):
     message = django_outbox.send("order.created", {"id": 2})
     assert dispatched == [[message.pk]]
+
+
+def test_commit_does_not_wait_for_the_broker_and_busy_triggers_merge(
+    configure_outbox, monkeypatch, django_capture_on_commit_callbacks
+):
+    configure_outbox(DISPATCH="celery")
+    gate = threading.Event()
+    published = []
+
+    def slow_broker(args, **kwargs):
+        published.append((threading.current_thread().name, sorted(args[0])))
+        gate.wait(5)
+
+    monkeypatch.setattr(deliver_messages, "apply_async", slow_broker)
+    ids = []
+    for n in range(3):
+        with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+            ids.append(django_outbox.send("t", {"n": n}).pk)
+    # All three commits returned while the broker was stuck on the first trigger.
+    assert not gate.is_set()
+    gate.set()
+    assert dispatch.flush()
+    assert {name for name, _ in published} == {"django-outbox-dispatch"}
+    assert [i for _, chunk in published for i in chunk] == ids
+    assert len(published) <= 2  # the commits made while it was busy went out as one
+
+
+def test_dispatch_in_the_committing_thread_when_background_is_off(configure_outbox, monkeypatch):
+    configure_outbox(DISPATCH="celery", DISPATCH_IN_BACKGROUND=False)
+    threads = []
+    monkeypatch.setattr(
+        deliver_messages,
+        "apply_async",
+        lambda args, **kw: threads.append(threading.current_thread()),
+    )
+    dispatch.dispatch("default", [1])
+    assert threads == [threading.current_thread()]
+
+
+def test_a_broker_failure_at_dispatch_is_logged_not_raised(configure_outbox, monkeypatch, caplog):
+    configure_outbox(DISPATCH="celery", DISPATCH_IN_BACKGROUND=False)
+
+    def broken(*args, **kwargs):
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(deliver_messages, "apply_async", broken)
+    dispatch.dispatch("default", [1, 2])
+    assert "could not dispatch 2 outbox message(s)" in caplog.text
+    assert "the sweep will deliver them" in caplog.text
 
 
 def test_send_is_one_insert_in_the_callers_transaction(django_assert_num_queries):
