@@ -233,3 +233,36 @@ def test_expired_lease_with_attempts_used_up_is_held_even_under_resend():
     rescue_stuck_messages(now=now)
     message.refresh_from_db()
     assert (message.state, message.uncertain) == (OutboxState.SEND_ERROR, True)
+
+
+@pytest.mark.postgres
+def test_prefetching_drain_releases_claimed_batches_when_publishing_fails():
+    for n in range(30):
+        django_outbox.send("t", {"n": n})
+
+    def explode(**kwargs):
+        raise RuntimeError("tracing hook crashed")
+
+    outbox_batch_published.connect(explode)
+    try:
+        with pytest.raises(RuntimeError, match="tracing hook crashed"):
+            Relay(batch_size=10).drain()
+    finally:
+        outbox_batch_published.disconnect(explode)
+    rows = list(OutboxMessage.objects.all())
+    in_flight = [r for r in rows if r.state == OutboxState.SENDING]
+    waiting = [r for r in rows if r.state == OutboxState.SHOULD_BE_SENT]
+    # The batch being published stays leased (the sweep rescues it); the batch
+    # the claimer had prefetched went straight back, its attempt uncounted.
+    assert len(in_flight) == 10
+    assert len(waiting) == 20
+    assert {r.attempts for r in waiting} == {0}
+    assert Relay(batch_size=10).drain().sent == 20
+
+
+@pytest.mark.postgres
+def test_prefetching_drain_delivers_long_keys_past_the_batch_size_in_order():
+    for n in range(35):
+        django_outbox.send("t", {"n": n}, key="k")
+    assert Relay(batch_size=10).drain().sent == 35
+    assert [e.sequence for e in mailbox["default"]] == list(range(1, 36))
