@@ -70,4 +70,4 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 100000 --repeat 3
 
 bench-ci: $(VENV)/.installed
-	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1
+	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000

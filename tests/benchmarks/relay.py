@@ -218,6 +218,48 @@ def run_send_vs_delay_on_commit(transactions: int) -> tuple[float, float]:
     return result
 
 
+def relay_peak_rss_mb(backlog: int, batches: int) -> float:
+    """Peak RSS (MB) of an ``outbox_relay`` process moving *batches* batches of 500
+    out of a backlog of *backlog* due rows: flat memory means this does not grow
+    with the backlog."""
+    import subprocess
+    from pathlib import Path
+
+    from django.conf import settings
+
+    clear_redis()
+    fill(backlog, "bench-redis")
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "DATABASE_URL": BENCH_DB,
+        "OUTBOX_SETTINGS_JSON": json.dumps({**settings.DJANGO_OUTBOX, "DISPATCH": "none"}),
+    }
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(root / "manage.py"),
+            "outbox_relay",
+            "--batch",
+            "500",
+            "--max-batches",
+            str(batches),
+            "--no-listen",
+        ],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    # wait4 gives this child's own peak (kilobytes on Linux), not the maximum
+    # over every child so far.
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    assert child.returncode == 0, child.returncode
+    clear_redis()
+    return usage.ru_maxrss / 1024
+
+
 def configure(dispatch: str = "none") -> None:
     from django.conf import settings
 
@@ -246,6 +288,11 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--transactions", type=int, default=2000)
+    parser.add_argument(
+        "--rss-backlogs",
+        default="10000,1000000",
+        help="Comma-separated backlog sizes for the relay memory measurement ('' to skip).",
+    )
     args = parser.parse_args()
     setup_django()
     configure()
@@ -269,6 +316,10 @@ def main() -> int:
     configure(dispatch="celery")
     send_tps, delay_tps = run_send_vs_delay_on_commit(min(args.transactions, max(n // 10, 200)))
 
+    rss = []
+    for backlog in [int(b) for b in args.rss_backlogs.split(",") if b]:
+        rss.append((backlog, relay_peak_rss_mb(backlog, batches=min(100, max(backlog // 500, 1)))))
+
     rows = [
         ("relay PostgreSQL → Redis, django-outbox", ours_redis, ours_redis / lean_redis, ">= 0.70"),
         ("relay PostgreSQL → Redis, lean psycopg + redis-py", lean_redis, 1.0, ""),
@@ -285,11 +336,17 @@ def main() -> int:
     for label, value, ratio, target in rows:
         ratio_text = f"{ratio:.2f}" if ratio is not None else "—"
         print(f"| {label} | {value:,.0f} | {ratio_text} | {target} |")
+    for backlog, megabytes in rss:
+        print(
+            f"| relay peak RSS with {backlog:,} pending rows (MB) | {megabytes:,.0f} | — | < 150 |"
+        )
     checks = {
         "redis relay >= 70% of lean": ours_redis >= 0.7 * lean_redis,
         "rabbitmq with confirms >= 3,500/s": ours_rabbit >= 3500,
         "send() transaction >= delay_on_commit transaction": send_tps >= delay_tps,
     }
+    if rss:
+        checks["relay RSS < 150 MB at every backlog"] = all(mb < 150 for _, mb in rss)
     print()
     for name, met in checks.items():
         print(f"- {name}: {'met' if met else 'MISSED'}")
