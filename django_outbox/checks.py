@@ -36,6 +36,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             problems.append(checks.Error(str(exc), id="django_outbox.E002"))
             continue
         problems.extend(cls.check(destination))
+    for alias in connections:
+        connection = connections[alias]
+        mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))
+        if connection.vendor == "sqlite" and mode.upper() != "IMMEDIATE":
+            problems.append(
+                checks.Warning(
+                    f"database {alias!r} is SQLite without OPTIONS['transaction_mode'] = "
+                    "'IMMEDIATE': a relay claiming while another process writes can fail "
+                    "with 'database is locked'",
+                    hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE"}; use PostgreSQL '
+                    "in production.",
+                    id="django_outbox.W003",
+                )
+            )
     if config.dispatch == "notify" and connections["default"].vendor != "postgresql":
         problems.append(
             checks.Warning(

@@ -46,3 +46,17 @@ def test_manage_check_fails_on_errors(configure_outbox):
     configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "kombu"}})
     with pytest.raises(SystemCheckError, match="URL is required"):
         call_command("check")
+
+
+def test_sqlite_without_immediate_transactions_is_warned(configure_outbox, settings):
+    from django.db import connections
+
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("the warning concerns SQLite databases")
+    options = connections["default"].settings_dict["OPTIONS"]
+    saved = options.pop("transaction_mode")
+    try:
+        assert "django_outbox.W003" in ids(configure_outbox)
+    finally:
+        options["transaction_mode"] = saved
+    assert "django_outbox.W003" not in ids(configure_outbox)
