@@ -67,7 +67,8 @@ demo-ci: $(VENV)/.installed
 		$(VENV)/bin/python manage.py migrate -v0 && $(VENV)/bin/python manage.py outbox_demo --orders 90
 
 bench: $(VENV)/.installed
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52,peers]"
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 100000 --repeat 3
 
 bench-ci: $(VENV)/.installed
-	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000
+	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0

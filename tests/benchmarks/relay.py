@@ -289,6 +289,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--transactions", type=int, default=2000)
     parser.add_argument(
+        "--peer-messages",
+        type=int,
+        default=10000,
+        help="Messages for django-celery-outbox's relay, if installed (0 to skip).",
+    )
+    parser.add_argument(
         "--rss-backlogs",
         default="10000,1000000",
         help="Comma-separated backlog sizes for the relay memory measurement ('' to skip).",
@@ -316,6 +322,20 @@ def main() -> int:
     configure(dispatch="celery")
     send_tps, delay_tps = run_send_vs_delay_on_commit(min(args.transactions, max(n // 10, 200)))
 
+    peer = None
+    if args.peer_messages:
+        try:
+            import django_celery_outbox  # noqa: F401
+        except ImportError:
+            print("django-celery-outbox is not installed: peer comparison skipped")
+        else:
+            from tests.benchmarks.peer import measure
+
+            peer = statistics.median(
+                measure(args.peer_messages, BENCH_DB, "redis://127.0.0.1:6379/10")
+                for _ in range(repeat)
+            )
+
     rss = []
     for backlog in [int(b) for b in args.rss_backlogs.split(",") if b]:
         rss.append((backlog, relay_peak_rss_mb(backlog, batches=min(100, max(backlog // 500, 1)))))
@@ -323,6 +343,18 @@ def main() -> int:
     rows = [
         ("relay PostgreSQL → Redis, django-outbox", ours_redis, ours_redis / lean_redis, ">= 0.70"),
         ("relay PostgreSQL → Redis, lean psycopg + redis-py", lean_redis, 1.0, ""),
+        *(
+            [
+                (
+                    "relay PostgreSQL → Redis, django-celery-outbox 0.4.3 (Celery send_task)",
+                    peer,
+                    peer / lean_redis,
+                    "",
+                )
+            ]
+            if peer
+            else []
+        ),
         ("relay PostgreSQL → RabbitMQ (confirms), django-outbox", ours_rabbit, None, ">= 3,500/s"),
         ("transaction: order + send() (on-commit task)", send_tps, send_tps / delay_tps, ">= 1.00"),
         ("transaction: order + delay_on_commit()", delay_tps, 1.0, ""),
@@ -340,6 +372,8 @@ def main() -> int:
         print(
             f"| relay peak RSS with {backlog:,} pending rows (MB) | {megabytes:,.0f} | — | < 150 |"
         )
+    if peer:
+        print(f"\ndjango-outbox relay / django-celery-outbox relay: {ours_redis / peer:.1f}x")
     checks = {
         "redis relay >= 70% of lean": ours_redis >= 0.7 * lean_redis,
         "rabbitmq with confirms >= 3,500/s": ours_rabbit >= 3500,
