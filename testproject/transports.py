@@ -48,7 +48,7 @@ class SlowKombuTransport(KombuTransport):
     """The kombu transport with a pause per message (``DELAY`` seconds): the demo's
     way to keep a worker busy long enough to be killed mid-way."""
 
-    def publish(self, envelopes: Any) -> Any:
+    def publish(self, envelopes: Any, deadline: float | None = None) -> Any:
         # Half the pause before publishing, half after: a kill can land on
         # either side of the publish, as in real life.
         pause = float(self.options.get("delay", 0)) * len(envelopes) / 2

@@ -20,3 +20,13 @@ class ScriptedTransport(MemoryTransport):
         if verdict == "permanent":
             raise PermanentError("422 unprocessable")
         super().publish_one(envelope)
+
+
+class SlowTransport(MemoryTransport):
+    """Memory transport taking ``DELAY`` seconds per message."""
+
+    def publish_one(self, envelope: Envelope) -> None:
+        import time
+
+        time.sleep(float(self.options.get("delay", 0)))
+        super().publish_one(envelope)

@@ -202,14 +202,22 @@ class Relay:
             by_destination[row.destination].append(row)
         for destination, messages in by_destination.items():
             messages.sort(key=_publish_order)
-            outcomes = self._publish(destination, messages)
+            outcomes = self._publish(destination, messages, self._deadline(lease))
             signals.outbox_batch_published.send(
                 sender=Relay, destination=destination, messages=messages, outcomes=outcomes
             )
             result += self._record(destination, messages, outcomes, lease)
         return result
 
-    def _publish(self, destination: str, messages: Sequence[OutboxMessage]) -> Outcomes:
+    def _deadline(self, lease: Lease) -> float:
+        """Monotonic time after which no new message of the batch is started:
+        the lease's end less a fifth of its length as a margin for recording."""
+        left = (lease.until - self.clock()).total_seconds() - self.config.lease_seconds / 5
+        return time.monotonic() + max(left, 0.0)
+
+    def _publish(
+        self, destination: str, messages: Sequence[OutboxMessage], deadline: float
+    ) -> Outcomes:
         try:
             config = self.config.destination(destination)
             transport = get_transport(config)
@@ -217,9 +225,13 @@ class Relay:
             return dict.fromkeys((m.message_id for m in messages), PermanentError(str(exc)))
         except ConfigurationError as exc:
             return dict.fromkeys((m.message_id for m in messages), RetryableError(str(exc)))
+        except Exception as exc:  # building the transport failed: nothing was sent
+            logger.exception("cannot build the transport of %r", destination)
+            error = RetryableError(f"transport unavailable: {type(exc).__name__}: {exc}")
+            return dict.fromkeys((m.message_id for m in messages), error)
         envelopes = [Envelope.from_message(m) for m in messages]
         try:
-            return transport.publish(envelopes)
+            return transport.publish(envelopes, deadline)
         except Exception as exc:  # a transport bug must not leave rows stuck in sending
             logger.exception("transport for %r raised", destination)
             error = RetryableError(f"{type(exc).__name__}: {exc}")
@@ -273,9 +285,10 @@ class Relay:
         statements = (1 if sent else 0) + (1 if untried else 0) + (1 if changes else 0)
         with transaction.atomic(using=self.using, durable=False) if statements > 1 else _nothing():
             recorded = 0
+            recorded_sent = 0
             if sent:
                 everything = len(sent) == len(messages)
-                recorded += (
+                recorded_sent = (
                     held if everything else held.filter(pk__in=[m.pk for m in sent])
                 ).update(
                     state=OutboxState.SENT,
@@ -284,6 +297,7 @@ class Relay:
                     locked_until=None,
                     lock_token=None,
                 )
+                recorded += recorded_sent
             if untried:
                 recorded += held.filter(pk__in=[m.pk for m in untried]).update(
                     state=OutboxState.SHOULD_BE_SENT,
@@ -292,6 +306,14 @@ class Relay:
                     lock_token=None,
                 )
             recorded += update_each(held, changes)
+        if recorded_sent < len(sent):
+            # Some leases were taken over: report only what this relay recorded.
+            mine = set(
+                OutboxMessage.objects.using(self.using)
+                .filter(pk__in=[m.pk for m in sent], state=OutboxState.SENT, sent_at=now)
+                .values_list("pk", flat=True)
+            )
+            sent = [m for m in sent if m.pk in mine]
         result.sent = len(sent)
         result.released = len(untried)
         result.fenced = len(messages) - recorded
@@ -368,10 +390,12 @@ class Relay:
                 wait_for_settle = False
                 while not stop.is_set() and (max_batches is None or claimed < max_batches):
                     with settled:
-                        if wait_for_settle:
-                            # Messages of a key wait behind the batch in flight:
-                            # claim again once it is recorded.
-                            settled.wait_for(lambda: in_flight == 0 or stop.is_set())  # noqa: B023
+                        # Prefetch one batch, no more: a batch waits at most one
+                        # publish for its turn, well inside its lease. After a
+                        # short claim, wait until nothing is in flight (messages
+                        # of a key may be waiting behind it), then claim again.
+                        limit = 0 if wait_for_settle else 1
+                        settled.wait_for(lambda: in_flight <= limit or stop.is_set())  # noqa: B023
                         idle = in_flight == 0
                     if stop.is_set():
                         break

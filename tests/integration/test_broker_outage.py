@@ -36,7 +36,7 @@ def proxied_broker(request, configure_outbox, queue_name):
 
 
 def test_outage_backs_off_and_the_sweep_delivers_everything_when_the_broker_returns(
-    proxied_broker,
+    proxied_broker, caplog
 ):
     proxy, real_url, queue = proxied_broker
     ids = {str(django_outbox.send("order.created", {"n": n}).message_id) for n in range(30)}
@@ -52,7 +52,9 @@ def test_outage_backs_off_and_the_sweep_delivers_everything_when_the_broker_retu
         earliest = min(r.available_at for r in rows)
         delays.append((earliest - now).total_seconds())
         now = max(r.available_at for r in rows)
-    assert delays[0] < delays[1] < delays[2]  # exponential: within [0.5-1], [1-2], [2-4] s
+    assert delays[0] < delays[1] < delays[2]
+    assert "publish to" in caplog.text  # the outage is logged …
+    assert "guest:guest" not in caplog.text  # … without the broker password  # exponential: within [0.5-1], [1-2], [2-4] s
 
     proxy.up()
     counts = sweep(now=now + timedelta(seconds=1))

@@ -60,3 +60,36 @@ def test_sqlite_without_immediate_transactions_is_warned(configure_outbox, setti
     finally:
         options["transaction_mode"] = saved
     assert "django_outbox.W003" not in ids(configure_outbox)
+
+
+@pytest.mark.parametrize(
+    ("destination", "expected"),
+    [
+        (
+            {"TRANSPORT": "kombu", "URL": "amqp://x", "QUEUE": "q", "ROUTING_KEY": "orders.{type}"},
+            "django_outbox.E015",
+        ),
+        (
+            {"TRANSPORT": "http", "URL": "https://x", "SECRET": "s", "TIMEOUT": 30},
+            "django_outbox.W015",
+        ),
+    ],
+)
+def test_routing_and_lease_pitfalls_are_reported(configure_outbox, destination, expected):
+    assert expected in ids(configure_outbox, DESTINATIONS={"default": destination})
+
+
+def test_fixed_binding_key_or_a_plain_routing_key_pass(configure_outbox):
+    for destination in (
+        {
+            "TRANSPORT": "kombu",
+            "URL": "amqp://x",
+            "QUEUE": "q",
+            "ROUTING_KEY": "orders.{type}",
+            "EXCHANGE": "events",
+            "EXCHANGE_TYPE": "topic",
+            "BINDING_KEY": "orders.#",
+        },
+        {"TRANSPORT": "kombu", "URL": "amqp://x", "QUEUE": "q", "ROUTING_KEY": "orders"},
+    ):
+        assert ids(configure_outbox, DESTINATIONS={"default": destination}) == []

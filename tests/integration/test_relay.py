@@ -152,7 +152,7 @@ def test_a_relay_whose_lease_was_taken_over_cannot_overwrite_the_newer_outcome()
         stale = Relay().run_batch()
     finally:
         outbox_batch_published.disconnect(take_over)
-    assert stale.fenced == 1 and stale.sent == 1
+    assert stale.fenced == 1 and stale.sent == 0  # the outcome it published is not its own
     message.refresh_from_db()
     assert message.state == OutboxState.SENT
     assert message.sent_at == later.now
@@ -266,3 +266,37 @@ def test_prefetching_drain_delivers_long_keys_past_the_batch_size_in_order():
         django_outbox.send("t", {"n": n}, key="k")
     assert Relay(batch_size=10).drain().sent == 35
     assert [e.sequence for e in mailbox["default"]] == list(range(1, 36))
+
+
+def test_a_transport_that_cannot_be_built_leaves_messages_retrying(configure_outbox):
+    configure_outbox(
+        DESTINATIONS={
+            "default": {
+                "TRANSPORT": "kombu",
+                "URL": "redis://127.0.0.1:6379/0",
+                "QUEUE": "q",
+                "TIMEOUT": "not-a-number",
+            }
+        }
+    )
+    message = django_outbox.send("t", {})
+    result = Relay().drain()
+    message.refresh_from_db()
+    assert (result.retried, message.state) == (1, OutboxState.SHOULD_BE_SENT)
+    assert message.last_error.startswith("transport unavailable: ValueError")
+
+
+def test_a_batch_stops_starting_messages_when_its_lease_runs_short(configure_outbox):
+    configure_outbox(
+        DESTINATIONS={"default": {"TRANSPORT": "tests.support.SlowTransport", "DELAY": 0.3}},
+        LEASE_SECONDS=1.0,
+    )
+    for n in range(10):
+        django_outbox.send("t", {"n": n})
+    result = Relay().run_batch()
+    # 0.8 s of the 1 s lease may be used: a few messages, never all ten.
+    assert 1 <= result.sent <= 4
+    assert result.released == 10 - result.sent
+    assert OutboxMessage.objects.filter(state=OutboxState.SHOULD_BE_SENT, attempts=0).count() == (
+        10 - result.sent
+    )

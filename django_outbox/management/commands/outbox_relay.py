@@ -25,7 +25,7 @@ class Command(BaseCommand):
             "--interval",
             type=non_negative_float,
             default=1.0,
-            help="Seconds to wait when idle (default 1). 0 with --until-empty runs one drain.",
+            help="Seconds to wait between polls when idle (default 1).",
         )
         parser.add_argument(
             "--sweep-interval",
@@ -34,7 +34,12 @@ class Command(BaseCommand):
             help="Seconds between rescues of expired leases (default 10).",
         )
         parser.add_argument("--until-empty", action="store_true", help="Exit once nothing is due.")
-        parser.add_argument("--max-batches", type=positive_int, default=None)
+        parser.add_argument(
+            "--max-batches",
+            type=positive_int,
+            default=None,
+            help="Exit after this many batches that carried messages (idle polls do not count).",
+        )
         parser.add_argument("--no-listen", action="store_true", help="Poll; do not LISTEN.")
 
     def handle(self, *args: Any, **options: Any) -> None:

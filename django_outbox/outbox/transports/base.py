@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 from uuid import UUID
@@ -49,11 +50,23 @@ class Transport:
             if not destination.options.get(name)
         ]
 
-    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
-        """Publish *envelopes* one by one; a failed key skips its later messages."""
+    def publish(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Outcomes:
+        """Publish *envelopes* one by one; a failed key skips its later messages.
+
+        *deadline* (a ``time.monotonic()`` value) is when the relay's lease
+        runs short: messages not started by then are left unattempted, so a
+        slow batch never outlives its lease and gets sent twice.
+        """
         outcomes: Outcomes = {}
         failed_keys: set[str] = set()
         for envelope in envelopes:
+            if deadline is not None and time.monotonic() >= deadline:
+                logger.warning(
+                    "lease running out: %d message(s) of %r left for the next batch",
+                    len(envelopes) - len(outcomes),
+                    self.destination.name,
+                )
+                break
             if envelope.key is not None and envelope.key in failed_keys:
                 continue
             try:

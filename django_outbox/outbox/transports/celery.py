@@ -26,12 +26,12 @@ class CeleryTransport(Transport):
 
     required_options = ("task",)
 
-    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+    def publish(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Outcomes:
         app = current_app
         try:
             with app.producer_or_acquire() as producer:
                 self._producer: Any = producer
-                return super().publish(envelopes)
+                return super().publish(envelopes, deadline)
         except Exception as exc:  # acquiring the producer failed: nothing was sent
             error = RetryableError(f"{type(exc).__name__}: {exc}")
             return dict.fromkeys((e.message_id for e in envelopes), error)

@@ -58,6 +58,22 @@ class HttpTransport(Transport):
                     id="django_outbox.E014",
                 )
             )
+        from django_outbox.conf import get_settings
+
+        config = get_settings()
+        timeout = float(destination.options.get("timeout", 10.0))
+        if timeout >= config.lease_seconds / 5:
+            # The relay starts no request in the last fifth of a lease; one
+            # request longer than that fifth can still outlast the lease.
+            problems.append(
+                checks.Warning(
+                    f"destination {destination.name!r}: TIMEOUT ({timeout}s) is not below a "
+                    f"fifth of LEASE_SECONDS ({config.lease_seconds}s): a slow request can "
+                    "outlast the lease and the message be sent twice",
+                    hint="Raise LEASE_SECONDS or lower TIMEOUT.",
+                    id="django_outbox.W015",
+                )
+            )
         if not destination.options.get("secret"):
             problems.append(
                 checks.Warning(

@@ -18,12 +18,14 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
 import kombu
 from django.core import checks
+from kombu.utils.url import maybe_sanitize_url
 
 from django_outbox.conf import Destination
 from django_outbox.exceptions import RetryableError
@@ -50,8 +52,11 @@ class KombuTransport(Transport):
     Options: ``URL`` (required), ``EXCHANGE`` (default ``""``, the default
     exchange), ``EXCHANGE_TYPE`` (``"direct"``), ``QUEUE`` (declared and bound
     when given), ``ROUTING_KEY`` (default: the queue name, else the message
-    type; ``{type}`` and ``{key}`` are substituted), ``CONFIRM`` (``True``:
-    wait for RabbitMQ publisher confirms), ``TIMEOUT`` (seconds, ``10``).
+    type; ``{type}`` and ``{key}`` are substituted), ``BINDING_KEY`` (what
+    ``QUEUE`` is bound with; default the routing key when it has no
+    placeholders, else the queue name), ``CONFIRM`` (``True``: wait for
+    RabbitMQ publisher confirms), ``TIMEOUT`` (seconds, ``10``),
+    ``TRANSPORT_OPTIONS`` (passed to kombu for URLs other than amqp/redis).
     """
 
     required_options = ("url",)
@@ -90,7 +95,35 @@ class KombuTransport(Transport):
                     id="django_outbox.W011",
                 )
             )
+        options = destination.options
+        if (
+            options.get("queue")
+            and _has_placeholders(options.get("routing_key"))
+            and not options.get("binding_key")
+            and str(options.get("exchange_type", "direct")) == "direct"
+            and scheme not in REDIS_SCHEMES
+        ):
+            problems.append(
+                checks.Error(
+                    f"destination {destination.name!r}: ROUTING_KEY {options['routing_key']!r} "
+                    f"varies per message but QUEUE {options['queue']!r} would be bound with "
+                    "one fixed key on a direct exchange: most messages would not reach it",
+                    hint="Set BINDING_KEY (with a topic exchange, e.g. 'orders.#'), or drop "
+                    "QUEUE and bind your queues yourself.",
+                    id="django_outbox.E015",
+                )
+            )
         if scheme in REDIS_SCHEMES:
+            try:
+                import redis  # noqa: F401
+            except ImportError:
+                problems.append(
+                    checks.Error(
+                        f"destination {destination.name!r}: the redis package is not installed",
+                        hint='pip install "django-outbox[redis]"',
+                        id="django_outbox.E016",
+                    )
+                )
             if destination.options.get("exchange"):
                 problems.append(
                     checks.Error(
@@ -109,19 +142,38 @@ class KombuTransport(Transport):
                 )
         return problems
 
-    def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+    def publish(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Outcomes:
+        # One pipelined batch: it either completes within TIMEOUT or fails.
         return self._publisher.publish(envelopes)
 
     def close(self) -> None:
         self._publisher.close()
 
 
+def _has_placeholders(pattern: str | None) -> bool:
+    return bool(pattern) and ("{type}" in str(pattern) or "{key}" in str(pattern))
+
+
+def binding_key(options: Any) -> str | None:
+    """The key ``QUEUE`` is bound with: ``BINDING_KEY``, else a routing key
+    without placeholders, else the queue's name."""
+    routing_key = options.get("routing_key")
+    if options.get("binding_key"):
+        return str(options["binding_key"])
+    if routing_key and not _has_placeholders(routing_key):
+        return str(routing_key)
+    queue = options.get("queue")
+    return str(queue) if queue else None
+
+
 class _Publisher:
     def __init__(self, options: Any) -> None:
         self.url = str(options["url"])
+        self.safe_url = maybe_sanitize_url(self.url)  # for logs: no password
         self.timeout = float(options.get("timeout", 10.0))
         self.queue_name: str | None = options.get("queue")
         self.routing_key: str | None = options.get("routing_key")
+        self.binding_key = binding_key(options)
         self.exchange = kombu.Exchange(
             options.get("exchange", ""), type=options.get("exchange_type", "direct"), durable=True
         )
@@ -164,10 +216,7 @@ class _AmqpPublisher(_Publisher):
                 self.exchange(channel).declare()
             if self.queue_name:
                 kombu.Queue(
-                    self.queue_name,
-                    self.exchange,
-                    routing_key=self.routing_key or self.queue_name,
-                    durable=True,
+                    self.queue_name, self.exchange, routing_key=self.binding_key or "", durable=True
                 )(channel).declare()
         except BaseException:
             connection.release()
@@ -215,7 +264,7 @@ class _AmqpPublisher(_Publisher):
                     self._outcomes[envelope.message_id] = None
             self._await_confirms()
         except Exception as exc:
-            logger.warning("AMQP publish to %s failed: %s", self.url, exc)
+            logger.warning("AMQP publish to %s failed: %s", self.safe_url, exc)
             self.close()
             error = _error(exc)
             for envelope in envelopes:
@@ -265,9 +314,8 @@ class _RedisPublisher(_Publisher):
                 "content-type": "application/json",
                 "headers": envelope.headers,
                 "properties": {
-                    # Unique per publish (kombu tracks unacked deliveries by
-                    # tag): every claim counts an attempt, so a resend differs.
-                    "delivery_tag": f"{message_id}.{envelope.attempt}",
+                    # Unique per publish: kombu tracks unacked deliveries by tag.
+                    "delivery_tag": uuid.uuid4().hex,
                     "delivery_mode": 2,
                     "priority": 0,
                     "message_id": message_id,
@@ -288,7 +336,7 @@ class _RedisPublisher(_Publisher):
             # the tail, so the first envelope is the first one read.
             self.client.lpush(self.queue_name, *[self.encode(e) for e in envelopes])
         except self._redis.RedisError as exc:
-            logger.warning("Redis publish to %s failed: %s", self.url, exc)
+            logger.warning("Redis publish to %s failed: %s", self.safe_url, exc)
             error = _error(exc)
             return {e.message_id: error for e in envelopes}
         return {e.message_id: None for e in envelopes}
@@ -314,7 +362,7 @@ class _ProducerPublisher(_Publisher):
                 )
             producer = self._connection.Producer(exchange=self.exchange)
             declare = (
-                [kombu.Queue(self.queue_name, self.exchange, routing_key=self.queue_name)]
+                [kombu.Queue(self.queue_name, self.exchange, routing_key=self.binding_key or "")]
                 if self.queue_name
                 else []
             )
@@ -333,7 +381,7 @@ class _ProducerPublisher(_Publisher):
                 )
                 outcomes[envelope.message_id] = None
         except Exception as exc:
-            logger.warning("kombu publish to %s failed: %s", self.url, exc)
+            logger.warning("kombu publish to %s failed: %s", self.safe_url, exc)
             self.close()
             error = _error(exc)
             for envelope in envelopes:
