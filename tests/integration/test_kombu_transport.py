@@ -103,3 +103,16 @@ def test_batch_is_published_in_order_and_confirmed(broker):
     received = drain_queue(url, queue)
     assert [m.headers["outbox-message-id"] for m in received] == [str(m) for m in sent]
     assert not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists()
+
+
+def test_other_kombu_urls_publish_through_kombus_producer(configure_outbox, queue_name):
+    # kombu's in-process memory transport stands for filesystem://, SQS & co.
+    configure_outbox(
+        DESTINATIONS={"default": {"TRANSPORT": "kombu", "URL": "memory://", "QUEUE": queue_name}}
+    )
+    message = django_outbox.send("order.created", {"order_id": 3}, key="order:3")
+    assert Relay().drain().sent == 1
+    [received] = drain_queue("memory://", queue_name, timeout=0.2)
+    assert received.payload == {"order_id": 3}
+    assert received.headers["outbox-message-id"] == str(message.message_id)
+    assert received.headers["outbox-sequence"] == "1"

@@ -178,6 +178,21 @@ class _Publisher:
             options.get("exchange", ""), type=options.get("exchange_type", "direct"), durable=True
         )
 
+    def publish_arguments(self, envelope: Envelope) -> dict[str, Any]:
+        """``Producer.publish`` arguments for *envelope*: persistent JSON with its ids."""
+        message_id = str(envelope.message_id)
+        return {
+            "routing_key": self.route(envelope),
+            "content_type": "application/json",
+            "content_encoding": "utf-8",
+            "headers": envelope.headers,
+            "delivery_mode": 2,
+            "message_id": message_id,
+            "correlation_id": envelope.correlation_id or message_id,
+            "type": envelope.type,
+            "retry": False,
+        }
+
     def route(self, envelope: Envelope) -> str:
         pattern = self.routing_key or self.queue_name or "{type}"
         return pattern.replace("{type}", envelope.type).replace("{key}", envelope.key or "")
@@ -245,18 +260,7 @@ class _AmqpPublisher(_Publisher):
         try:
             producer = self._connect()
             for envelope in envelopes:
-                producer.publish(
-                    envelope.body(),
-                    routing_key=self.route(envelope),
-                    content_type="application/json",
-                    content_encoding="utf-8",
-                    headers=envelope.headers,
-                    delivery_mode=2,
-                    message_id=str(envelope.message_id),
-                    correlation_id=envelope.correlation_id or str(envelope.message_id),
-                    type=envelope.type,
-                    retry=False,
-                )
+                producer.publish(envelope.body(), **self.publish_arguments(envelope))
                 if self.confirm:
                     self._pending[self._next_tag] = envelope.message_id
                     self._next_tag += 1
@@ -368,16 +372,7 @@ class _ProducerPublisher(_Publisher):
             )
             for envelope in envelopes:
                 producer.publish(
-                    envelope.body(),
-                    routing_key=self.route(envelope),
-                    content_type="application/json",
-                    content_encoding="utf-8",
-                    headers=envelope.headers,
-                    delivery_mode=2,
-                    message_id=str(envelope.message_id),
-                    type=envelope.type,
-                    declare=declare,
-                    retry=False,
+                    envelope.body(), declare=declare, **self.publish_arguments(envelope)
                 )
                 outcomes[envelope.message_id] = None
         except Exception as exc:
