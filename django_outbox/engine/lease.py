@@ -122,7 +122,8 @@ def _claim_returning(
     q = connection.ops.quote_name
     meta = model._meta
     pk_column = q(meta.pk.column)
-    select_sql, select_params = queryset.values("pk")[:limit].query.sql_with_params()
+    subquery = queryset.values("pk")[:limit].query
+    select_sql, select_params = subquery.get_compiler(using=queryset.db).as_sql()
     select_sql += " FOR UPDATE SKIP LOCKED"
     wanted = [f for f in (meta.concrete_fields if fields is None else map(meta.get_field, fields))]
     columns = ", ".join(q(f.column) for f in wanted)  # type: ignore[union-attr]
