@@ -10,14 +10,15 @@ PY312 ?= $(shell p=$$(pyenv prefix 3.12.1 2>/dev/null) && echo $$p/bin/python ||
 VENV := .venv
 VENV6 := .venv-dj61
 PG_URL ?= postgres://postgres@127.0.0.1:5432/django_outbox
+MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint test-postgres test-sqlite test-django6 demo-ci bench bench-ci
+.PHONY: help demo test lint test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
-	@echo "make test   set up and run the whole test suite (needs PostgreSQL, Redis, RabbitMQ)"
+	@echo "make test   set up and run the whole test suite (needs PostgreSQL, MariaDB, Redis, RabbitMQ)"
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
 
 $(VENV)/.installed: pyproject.toml
@@ -36,7 +37,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python manage.py migrate -v0
 	$(VENV)/bin/python manage.py outbox_demo
 
-test: lint test-postgres test-sqlite test-django6 demo-ci bench-ci
+test: lint test-postgres test-sqlite test-mariadb test-django6 demo-ci bench-ci
 	@echo "all test stages passed"
 
 lint: $(VENV)/.installed
@@ -54,6 +55,11 @@ test-postgres: $(VENV)/.installed
 test-sqlite: $(VENV)/.installed
 	DATABASE_URL= CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(VENV)/bin/python -m pytest --create-db -m "not postgres" $(PYTEST_ARGS)
+
+# MariaDB: SKIP LOCKED claims, so the multi-process tests run here too.
+test-mariadb: $(VENV)/.installed
+	DATABASE_URL=$(MARIADB_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(VENV)/bin/python -m pytest --create-db $(PYTEST_ARGS)
 
 # Django 6.1 / Python 3.12 on PostgreSQL.
 test-django6: $(VENV6)/.installed

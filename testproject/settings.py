@@ -55,6 +55,14 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'demo.sqlite3'}"
+if DATABASE_URL.startswith("mysql"):
+    # The test project talks to MariaDB through PyMySQL (pure Python, no C
+    # headers to install) standing in for mysqlclient, which projects should
+    # use (django-outbox[mysql]). Django checks mysqlclient's version number.
+    import pymysql
+
+    pymysql.version_info = (2, 2, 7, "final", 0)
+    pymysql.install_as_MySQLdb()
 DATABASES: dict[str, Any] = {"default": dj_database_url.parse(DATABASE_URL)}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"] = {

@@ -11,6 +11,7 @@ SERVICES = {
     "postgres": ("127.0.0.1", 5432),
     "redis": ("127.0.0.1", 6379),
     "rabbitmq": ("127.0.0.1", 5672),
+    "mariadb": ("127.0.0.1", 3306),
 }
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/13")

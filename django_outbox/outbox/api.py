@@ -129,6 +129,20 @@ def next_sequence(db: str, destination: str, key: str) -> int:
                 [destination, key],
             )
             return int(cursor.fetchone()[0])
+    if connection.vendor == "mysql":
+        q = connection.ops.quote_name
+        table, last = q(OutboxKey._meta.db_table), q("last_sequence")
+        where = f"{q('destination')} = %s AND {q('key')} = %s"
+        with connection.cursor() as cursor:
+            # The upsert locks the counter row until commit; the SELECT in the
+            # same transaction reads the value this transaction wrote.
+            cursor.execute(
+                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}) VALUES (%s, %s, 1) "
+                f"ON DUPLICATE KEY UPDATE {last} = {last} + 1",
+                [destination, key],
+            )
+            cursor.execute(f"SELECT {last} FROM {table} WHERE {where}", [destination, key])
+            return int(cursor.fetchone()[0])
     counters = OutboxKey.objects.using(db)
     row, created = counters.select_for_update().get_or_create(
         destination=destination, key=key, defaults={"last_sequence": 1}

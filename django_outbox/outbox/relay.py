@@ -353,9 +353,10 @@ class Relay:
     ) -> RelayResult:
         """Run batches until nothing is due, the budget (seconds) or *max_batches* is spent.
 
-        On PostgreSQL, outside a transaction, the next batch is claimed by a
-        helper thread while this one is published and recorded: database and
-        broker waits overlap, and one process moves far more per second.
+        With SKIP LOCKED (PostgreSQL, MariaDB), outside a transaction, the next
+        batch is claimed by a helper thread while this one is published and
+        recorded: database and broker waits overlap, and one process moves far
+        more per second.
         """
         budget = self.config.drain_seconds if time_budget is None else time_budget
         deadline = time.monotonic() + budget
@@ -372,9 +373,12 @@ class Relay:
     def _can_prefetch(self) -> bool:
         connection = connections[self.using]
         # Another thread's connection cannot see rows of a transaction this
-        # one holds open (a test case, a caller's atomic block); SQLite has a
-        # single writer, so a second connection would only queue behind it.
-        return connection.vendor == "postgresql" and not connection.in_atomic_block
+        # one holds open (a test case, a caller's atomic block); without
+        # SKIP LOCKED (SQLite: a single writer) a second connection would only
+        # queue behind the first.
+        return (
+            connection.features.has_select_for_update_skip_locked and not connection.in_atomic_block
+        )
 
     def _drain_prefetching(self, deadline: float, max_batches: int | None) -> RelayResult:
         batches: queue.Queue[tuple[list[OutboxMessage], Lease] | BaseException | None]

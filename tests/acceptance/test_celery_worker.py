@@ -16,7 +16,7 @@ from tests.integration.test_kombu_transport import HEADERS, drain_queue
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.postgres,
+    pytest.mark.row_locks,
     pytest.mark.redis,
     pytest.mark.rabbitmq,
     pytest.mark.processes,

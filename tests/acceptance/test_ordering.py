@@ -14,7 +14,7 @@ from tests.conftest import spawn_manage
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.postgres,
+    pytest.mark.row_locks,
     pytest.mark.redis,
     pytest.mark.processes,
 ]

@@ -235,7 +235,7 @@ def test_expired_lease_with_attempts_used_up_is_held_even_under_resend():
     assert (message.state, message.uncertain) == (OutboxState.SEND_ERROR, True)
 
 
-@pytest.mark.postgres
+@pytest.mark.row_locks
 def test_prefetching_drain_releases_claimed_batches_when_publishing_fails():
     for n in range(30):
         django_outbox.send("t", {"n": n})
@@ -260,7 +260,7 @@ def test_prefetching_drain_releases_claimed_batches_when_publishing_fails():
     assert Relay(batch_size=10).drain().sent == 20
 
 
-@pytest.mark.postgres
+@pytest.mark.row_locks
 def test_prefetching_drain_delivers_long_keys_past_the_batch_size_in_order():
     for n in range(35):
         django_outbox.send("t", {"n": n}, key="k")
