@@ -54,7 +54,7 @@ test-postgres: $(VENV)/.installed
 # The embedded default: everything that does not need PostgreSQL row locks.
 test-sqlite: $(VENV)/.installed
 	DATABASE_URL= CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV)/bin/python -m pytest --create-db -m "not postgres" $(PYTEST_ARGS)
+		$(VENV)/bin/python -m pytest --create-db -m "not postgres and not row_locks" $(PYTEST_ARGS)
 
 # MariaDB: SKIP LOCKED claims, so the multi-process tests run here too.
 test-mariadb: $(VENV)/.installed
