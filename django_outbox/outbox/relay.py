@@ -27,6 +27,7 @@ from django.utils import timezone
 from django_outbox import signals
 from django_outbox.conf import OutboxSettings, get_settings
 from django_outbox.engine import Lease, backoff_delay, claim, fenced, update_each
+from django_outbox.engine.retry import retry_transient
 from django_outbox.exceptions import (
     ConfigurationError,
     DeliveryError,
@@ -158,6 +159,7 @@ class Relay:
             .only("id", "destination", "key", "sequence", "state", "available_at")[: room * 4]
         )
         chosen: list[int] = []
+        chosen_slots: list[tuple[int, tuple[str, str | None]]] = []
         blocked: set[tuple[str, str | None]] = set()
         for row in candidates:
             slot = (row.destination, row.key)
@@ -167,6 +169,7 @@ class Relay:
                 blocked.add(slot)
                 continue
             chosen.append(row.pk)
+            chosen_slots.append((row.pk, slot))
             if len(chosen) >= room:
                 break
         if not chosen:
@@ -174,13 +177,29 @@ class Relay:
         followers = OutboxMessage.objects.using(self.using).filter(
             pk__in=chosen, state=OutboxState.SHOULD_BE_SENT
         )
-        return claim(
+        got = claim(
             followers,
             lease=lease,
             limit=room,
             running_state=OutboxState.SENDING,
             fields=CLAIMED_FIELDS,
         )
+        # SKIP LOCKED may pass over a follower another claimer's scan has
+        # locked for a moment (InnoDB locks every row a locking read scans).
+        # Keep, per key, only the unbroken run behind the head; the rest goes
+        # straight back, unattempted, to be claimed in order later.
+        taken = {row.pk for row in got}
+        keep: set[int] = set()
+        broken: set[tuple[str, str | None]] = set()
+        for pk, slot in chosen_slots:
+            if pk in taken and slot not in broken:
+                keep.add(pk)
+            else:
+                broken.add(slot)
+        extra = [row for row in got if row.pk not in keep]
+        if extra:
+            self._release(extra, lease)
+        return [row for row in got if row.pk in keep]
 
     # -- the cycle ---------------------------------------------------------
 
@@ -191,7 +210,9 @@ class Relay:
     def _claim_batch(self, ids: Sequence[int] | None = None) -> tuple[list[OutboxMessage], Lease]:
         now = self.clock()
         lease = Lease.new(now, self.config.lease_seconds)
-        return self._claim(now, lease, ids), lease
+        # A deadlock victim's claim was rolled back whole: safe to run again.
+        rows = retry_transient(lambda: self._claim(now, lease, ids), what="claim")
+        return rows, lease
 
     def _deliver(self, rows: list[OutboxMessage], lease: Lease) -> RelayResult:
         result = RelayResult(claimed=len(rows), batches=1 if rows else 0)
@@ -283,29 +304,36 @@ class Relay:
             failed_signals.append((message, text, retry))
 
         statements = (1 if sent else 0) + (1 if untried else 0) + (1 if changes else 0)
-        with transaction.atomic(using=self.using, durable=False) if statements > 1 else _nothing():
-            recorded = 0
-            recorded_sent = 0
-            if sent:
-                everything = len(sent) == len(messages)
-                recorded_sent = (
-                    held if everything else held.filter(pk__in=[m.pk for m in sent])
-                ).update(
-                    state=OutboxState.SENT,
-                    sent_at=now,
-                    finished_at=now,
-                    locked_until=None,
-                    lock_token=None,
-                )
-                recorded += recorded_sent
-            if untried:
-                recorded += held.filter(pk__in=[m.pk for m in untried]).update(
-                    state=OutboxState.SHOULD_BE_SENT,
-                    attempts=F("attempts") - 1,
-                    locked_until=None,
-                    lock_token=None,
-                )
-            recorded += update_each(held, changes)
+
+        def write() -> tuple[int, int]:
+            with transaction.atomic(using=self.using) if statements > 1 else _nothing():
+                recorded = recorded_sent = 0
+                if sent:
+                    everything = len(sent) == len(messages)
+                    recorded_sent = (
+                        held if everything else held.filter(pk__in=[m.pk for m in sent])
+                    ).update(
+                        state=OutboxState.SENT,
+                        sent_at=now,
+                        finished_at=now,
+                        locked_until=None,
+                        lock_token=None,
+                    )
+                    recorded += recorded_sent
+                if untried:
+                    recorded += held.filter(pk__in=[m.pk for m in untried]).update(
+                        state=OutboxState.SHOULD_BE_SENT,
+                        attempts=F("attempts") - 1,
+                        locked_until=None,
+                        lock_token=None,
+                    )
+                recorded += update_each(held, changes)
+                return recorded, recorded_sent
+
+        # Every write is fenced by the lease token and a deadlock victim's
+        # transaction is rolled back whole, so repeating it records each
+        # outcome once.
+        recorded, recorded_sent = retry_transient(write, what="record outcomes")
         if recorded_sent < len(sent):
             # Some leases were taken over: report only what this relay recorded.
             mine = set(
@@ -446,11 +474,16 @@ class Relay:
         return total
 
     def _release(self, rows: list[OutboxMessage], lease: Lease) -> None:
-        fenced(OutboxMessage, lease, OutboxState.SENDING, self.using).update(
-            state=OutboxState.SHOULD_BE_SENT,
-            attempts=F("attempts") - 1,
-            locked_until=None,
-            lock_token=None,
+        """Give claimed, unattempted *rows* back at once (their attempt uncounted)."""
+        held = fenced(OutboxMessage, lease, OutboxState.SENDING, self.using)
+        retry_transient(
+            lambda: held.filter(pk__in=[row.pk for row in rows]).update(
+                state=OutboxState.SHOULD_BE_SENT,
+                attempts=F("attempts") - 1,
+                locked_until=None,
+                lock_token=None,
+            ),
+            what="release",
         )
 
     def deliver(self, ids: Iterable[int]) -> RelayResult:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from django_outbox.outbox.maintenance import rescue_stuck_messages
 from django_outbox.outbox.relay import Relay, RelayResult
@@ -85,6 +85,9 @@ class RelayWorker:
         self.listen = listen
         self.report = report
         self.stopping = threading.Event()
+        self.errors = 0
+        #: Seconds to wait after a failed iteration before the next one.
+        self.retry_delay = max(interval, 1.0)
 
     def stop(self, *args: Any) -> None:
         """Finish the current batch, then return from ``run`` (safe from a signal handler)."""
@@ -106,11 +109,20 @@ class RelayWorker:
         next_sweep = 0.0
         try:
             while not self.stopping.is_set():
-                if time.monotonic() >= next_sweep:
-                    rescue_stuck_messages(using=self.relay.using, config=self.relay.config)
-                    next_sweep = time.monotonic() + self.sweep_interval
-                left = None if self.max_batches is None else self.max_batches - total.batches
-                result = self.relay.drain(max_batches=left)
+                try:
+                    if time.monotonic() >= next_sweep:
+                        rescue_stuck_messages(using=self.relay.using, config=self.relay.config)
+                        next_sweep = time.monotonic() + self.sweep_interval
+                    left = None if self.max_batches is None else self.max_batches - total.batches
+                    result = self.relay.drain(max_batches=left)
+                except DatabaseError:
+                    # A database restart or failover must not end the relay:
+                    # whatever it held is fenced and rescued after its lease.
+                    self.errors += 1
+                    logger.exception("relay iteration failed; retrying in %ss", self.retry_delay)
+                    connections[self.relay.using].close()
+                    self.stopping.wait(self.retry_delay)
+                    continue
                 total += result
                 if result.claimed and self.report:
                     self.report(result)

@@ -63,7 +63,8 @@ def test_order_holds_per_key_and_a_failing_key_holds_back_only_itself(configure_
         wait_for(settled, timeout=90, what="every good key sent and the bad key dead-lettered")
     finally:
         outputs = [stop(p) for p in relays]
-    assert all(p.returncode == 0 for p in relays), outputs  # clean stop on SIGTERM
+    for process, output in zip(relays, outputs, strict=True):  # clean stop on SIGTERM
+        assert process.returncode == 0, f"exit {process.returncode}: {output[-3000:]}"
 
     client = redis.Redis.from_url(redis_url)
     log = [json.loads(item) for item in client.lrange("publish-log", 0, -1)]
@@ -72,7 +73,7 @@ def test_order_holds_per_key_and_a_failing_key_holds_back_only_itself(configure_
         by_key[key].append(sequence)
 
     for k in range(1, KEYS):
-        assert by_key[f"key-{k}"] == list(range(1, PER_KEY + 1)), f"key-{k} out of order"
+        assert by_key[f"key-{k}"] == list(range(1, PER_KEY + 1)), f"key-{k}: {by_key[f'key-{k}']}"
     assert by_key[BAD_KEY] == list(range(1, BAD_AT)), "the bad key broke order or ran past"
 
     bad = dict(OutboxMessage.objects.filter(key=BAD_KEY).values_list("sequence", "state"))

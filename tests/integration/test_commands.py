@@ -102,3 +102,26 @@ def test_requeue_requires_a_filter_and_valid_ids():
         call_command("outbox_requeue")
     with pytest.raises(CommandError):
         call_command("outbox_requeue", "--id", "not-an-id")
+
+
+def test_outbox_relay_survives_a_database_error(monkeypatch):
+    from django.db import OperationalError
+
+    from django_outbox.outbox.relay import Relay
+    from django_outbox.outbox.worker import RelayWorker
+
+    django_outbox.send("t", {})
+    real_drain = Relay.drain
+    failures = []
+
+    def flaky_drain(self, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_drain(self, **kwargs)
+
+    monkeypatch.setattr(Relay, "drain", flaky_drain)
+    worker = RelayWorker(Relay(), interval=0, until_empty=True, listen=False)
+    worker.retry_delay = 0
+    total = worker.run()
+    assert (worker.errors, total.sent) == (1, 1)
