@@ -300,3 +300,35 @@ def test_a_batch_stops_starting_messages_when_its_lease_runs_short(configure_out
     assert OutboxMessage.objects.filter(state=OutboxState.SHOULD_BE_SENT, attempts=0).count() == (
         10 - result.sent
     )
+
+
+@pytest.mark.row_locks
+def test_a_follower_locked_by_someone_else_cuts_the_run_and_is_not_jumped():
+    import threading
+
+    from django.db import connections
+
+    messages = [django_outbox.send("t", {"n": n}, key="k") for n in range(6)]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock_on_third():
+        # Another claimer's scan holding a row lock for a moment (InnoDB locks
+        # rows a locking read scans; here we take it explicitly).
+        with transaction.atomic():
+            list(OutboxMessage.objects.select_for_update().filter(pk=messages[2].pk))
+            locked.set()
+            release.wait(10)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold_lock_on_third)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        first = Relay(batch_size=10).run_batch()
+    finally:
+        release.set()
+        holder.join()
+    assert [e.sequence for e in mailbox["default"]] == [1, 2]
+    assert first.sent == 2
+    assert Relay(batch_size=10).drain().sent == 4
+    assert [e.sequence for e in mailbox["default"]] == [1, 2, 3, 4, 5, 6]
