@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
@@ -126,18 +126,28 @@ class Relay:
         queryset = self.claimable(now)
         if ids is not None:
             queryset = queryset.filter(pk__in=ids)
-        rows = claim(
-            queryset,
-            lease=lease,
-            limit=self.batch_size,
-            running_state=OutboxState.SENDING,
-            fields=CLAIMED_FIELDS,
+        # One statement (or one transaction): a deadlock victim's claim was
+        # rolled back whole, so running it again under the same lease is safe.
+        rows = retry_transient(
+            lambda: claim(
+                queryset,
+                lease=lease,
+                limit=self.batch_size,
+                running_state=OutboxState.SENDING,
+                fields=CLAIMED_FIELDS,
+            ),
+            what="claim",
         )
         room = self.batch_size - len(rows)
         if room > 0 and any(row.key is not None for row in rows):
             # A separate statement is safe: the heads are ours (``sending``)
             # until we record them, so no one else can claim their followers.
-            rows += self._claim_followers(rows, now, lease, room)
+            # Followers are an optimisation: if claiming them fails, the heads
+            # go out alone and the followers come in a later batch.
+            try:
+                rows += self._claim_followers(rows, now, lease, room)
+            except DatabaseError:
+                logger.warning("claiming followers failed; sending the heads alone", exc_info=True)
         return rows
 
     def _claim_followers(
@@ -210,9 +220,7 @@ class Relay:
     def _claim_batch(self, ids: Sequence[int] | None = None) -> tuple[list[OutboxMessage], Lease]:
         now = self.clock()
         lease = Lease.new(now, self.config.lease_seconds)
-        # A deadlock victim's claim was rolled back whole: safe to run again.
-        rows = retry_transient(lambda: self._claim(now, lease, ids), what="claim")
-        return rows, lease
+        return self._claim(now, lease, ids), lease
 
     def _deliver(self, rows: list[OutboxMessage], lease: Lease) -> RelayResult:
         result = RelayResult(claimed=len(rows), batches=1 if rows else 0)
@@ -309,10 +317,9 @@ class Relay:
             with transaction.atomic(using=self.using) if statements > 1 else _nothing():
                 recorded = recorded_sent = 0
                 if sent:
-                    everything = len(sent) == len(messages)
-                    recorded_sent = (
-                        held if everything else held.filter(pk__in=[m.pk for m in sent])
-                    ).update(
+                    # Always by id as well as by token: rows under this lease
+                    # that are not in this batch were never published.
+                    recorded_sent = held.filter(pk__in=[m.pk for m in sent]).update(
                         state=OutboxState.SENT,
                         sent_at=now,
                         finished_at=now,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, Error, connections
 
 from django_outbox.outbox.maintenance import rescue_stuck_messages
 from django_outbox.outbox.relay import Relay, RelayResult
@@ -30,13 +31,24 @@ class Waiter:
 
 
 class PostgresWaiter(Waiter):
-    """Waits on ``LISTEN channel`` so a commit's ``pg_notify`` wakes the relay at once."""
+    """Waits on ``LISTEN channel`` so a commit's ``pg_notify`` wakes the relay at once.
+
+    If the listening connection drops (restart, failover), it falls back to
+    sleeping and reconnects on the next wait: a lost connection only costs
+    the wake-ups until then, never the relay.
+    """
 
     def __init__(self, stop: threading.Event, using: str, channel: str) -> None:
         super().__init__(stop)
+        self.using = using
+        self.channel = channel
+        self.conn: Any = None
+        self._connect()
+
+    def _connect(self) -> None:
         import psycopg
 
-        connection = connections[using]
+        connection = connections[self.using]
         connection.ensure_connection()
         info = connection.connection.info
         self.conn = psycopg.connect(
@@ -47,20 +59,32 @@ class PostgresWaiter(Waiter):
             password=info.password or None,
             autocommit=True,
         )
-        self.conn.execute(f'LISTEN "{channel}"')
+        self.conn.execute(f'LISTEN "{self.channel}"')
 
     def wait(self, seconds: float) -> None:
-        # Wake at least every half second to notice a stop request.
+        import psycopg
+
         deadline = time.monotonic() + seconds
-        while not self.stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            for _ in self.conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
-                return
+        try:
+            if self.conn is None:
+                self._connect()
+            # Wake at least every half second to notice a stop request.
+            while not self.stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                for _ in self.conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
+                    return
+        except (psycopg.Error, DatabaseError) as exc:
+            logger.warning("LISTEN connection lost (%s); polling until it is back", exc)
+            self.close()
+            self.stop.wait(max(deadline - time.monotonic(), 0))
 
     def close(self) -> None:
-        self.conn.close()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 class RelayWorker:
@@ -115,7 +139,7 @@ class RelayWorker:
                         next_sweep = time.monotonic() + self.sweep_interval
                     left = None if self.max_batches is None else self.max_batches - total.batches
                     result = self.relay.drain(max_batches=left)
-                except DatabaseError:
+                except Error:
                     # A database restart or failover must not end the relay:
                     # whatever it held is fenced and rescued after its lease.
                     self.errors += 1
