@@ -116,3 +116,20 @@ def test_other_kombu_urls_publish_through_kombus_producer(configure_outbox, queu
     assert received.payload == {"order_id": 3}
     assert received.headers["outbox-message-id"] == str(message.message_id)
     assert received.headers["outbox-sequence"] == "1"
+
+
+def test_rabbitmq_message_no_queue_takes_is_not_recorded_as_sent(configure_outbox, amqp_url):
+    # The default exchange with a routing key no queue has: RabbitMQ would
+    # confirm and drop it; published as mandatory, it comes back instead.
+    configure_outbox(
+        DESTINATIONS={
+            "default": {"TRANSPORT": "kombu", "URL": amqp_url, "ROUTING_KEY": "nobody-{type}"}
+        }
+    )
+    message = django_outbox.send("order.created", {"order_id": 1})
+    result = Relay().drain()
+    message.refresh_from_db()
+    assert (result.sent, result.retried) == (0, 1)
+    assert message.state == OutboxState.SHOULD_BE_SENT
+    assert "unroutable" in message.last_error
+    assert "'nobody-order.created'" in message.last_error

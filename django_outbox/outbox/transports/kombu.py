@@ -215,6 +215,7 @@ class _AmqpPublisher(_Publisher):
         self._next_tag = 1
         self._pending: dict[int, UUID] = {}
         self._outcomes: Outcomes = {}
+        self._returned: dict[str, str] = {}
 
     def _connect(self) -> kombu.Producer:
         if self._producer is not None:
@@ -227,6 +228,9 @@ class _AmqpPublisher(_Publisher):
                 channel.confirm_select()
                 channel.events["basic_ack"].add(self._on_ack)
                 channel.events["basic_nack"].add(self._on_nack)
+                # Mandatory publishes that no queue takes come back before
+                # their confirm: without this, RabbitMQ confirms and drops them.
+                channel.events["basic_return"].add(self._on_return)
             if self.exchange.name:
                 self.exchange(channel).declare()
             if self.queue_name:
@@ -246,7 +250,16 @@ class _AmqpPublisher(_Publisher):
         for settled in tags:
             message_id = self._pending.pop(settled, None)
             if message_id is not None:
-                self._outcomes[message_id] = error
+                returned = self._returned.pop(str(message_id), None)
+                self._outcomes[message_id] = RetryableError(returned) if returned else error
+
+    def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        message_id = (getattr(message, "properties", None) or {}).get("message_id")
+        if message_id:
+            where = f"exchange {exchange!r}" if exchange else "the default exchange"
+            self._returned[str(message_id)] = (
+                f"unroutable: no queue is bound on {where} for routing key {routing_key!r}"
+            )
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
         self._settle(delivery_tag, multiple, None)
@@ -257,10 +270,13 @@ class _AmqpPublisher(_Publisher):
     def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
         self._pending = {}
         self._outcomes = {}
+        self._returned = {}
         try:
             producer = self._connect()
             for envelope in envelopes:
-                producer.publish(envelope.body(), **self.publish_arguments(envelope))
+                producer.publish(
+                    envelope.body(), mandatory=self.confirm, **self.publish_arguments(envelope)
+                )
                 if self.confirm:
                     self._pending[self._next_tag] = envelope.message_id
                     self._next_tag += 1
