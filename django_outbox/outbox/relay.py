@@ -31,7 +31,6 @@ from django_outbox.engine.retry import retry_transient
 from django_outbox.exceptions import (
     ConfigurationError,
     DeliveryError,
-    PermanentError,
     RetryableError,
     UnknownDestination,
 )
@@ -251,13 +250,19 @@ class Relay:
             config = self.config.destination(destination)
             transport = get_transport(config)
         except UnknownDestination as exc:
-            return dict.fromkeys((m.message_id for m in messages), PermanentError(str(exc)))
+            # Another process accepted it in send(): during a rolling deploy an
+            # older relay may not know a new destination yet. Retry, do not bury.
+            return dict.fromkeys((m.message_id for m in messages), RetryableError(str(exc)))
         except ConfigurationError as exc:
             return dict.fromkeys((m.message_id for m in messages), RetryableError(str(exc)))
         except Exception as exc:  # building the transport failed: nothing was sent
             logger.exception("cannot build the transport of %r", destination)
             error = RetryableError(f"transport unavailable: {type(exc).__name__}: {exc}")
             return dict.fromkeys((m.message_id for m in messages), error)
+        if time.monotonic() >= deadline:
+            # An earlier destination of this batch used up the lease: leave
+            # these unattempted rather than publish after the lease ran out.
+            return {}
         envelopes = [Envelope.from_message(m) for m in messages]
         try:
             return transport.publish(envelopes, deadline)

@@ -13,7 +13,9 @@ from django_outbox.exceptions import ConfigurationError
 from django_outbox.outbox.transports.base import Transport
 
 _lock = threading.Lock()
-_transports: dict[tuple[int, str], Transport] = {}
+#: Keyed by (process, thread, destination): transports hold connections and
+#: per-batch state, so threads (Celery's thread or gevent pools) never share one.
+_transports: dict[tuple[int, int, str], Transport] = {}
 
 
 def transport_class(destination: Destination) -> type[Transport]:
@@ -32,8 +34,8 @@ def transport_class(destination: Destination) -> type[Transport]:
 
 
 def get_transport(destination: Destination) -> Transport:
-    """The shared transport for *destination* in this process (rebuilt after fork)."""
-    slot = (os.getpid(), destination.name)
+    """This thread's transport for *destination* (rebuilt after fork)."""
+    slot = (os.getpid(), threading.get_ident(), destination.name)
     transport = _transports.get(slot)
     if transport is None or transport.destination != destination:
         with _lock:
@@ -50,7 +52,7 @@ def close_all() -> None:
     """Close and forget every transport this process built."""
     with _lock:
         pid = os.getpid()
-        for (owner, _), transport in list(_transports.items()):
+        for (owner, _, _), transport in list(_transports.items()):
             if owner == pid:
                 with contextlib.suppress(Exception):  # closing is best effort
                     transport.close()
