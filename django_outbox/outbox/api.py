@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -153,13 +154,26 @@ def next_sequence(db: str, destination: str, key: str) -> int:
     return row.last_sequence + 1
 
 
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _encode(value: Any, *, what: str) -> bytes:
+    """The payload as UTF-8 JSON, or a ``PayloadError`` saying why it cannot be stored."""
+    if value is None:
+        raise PayloadError(f"{what} is None; send a JSON object, list or value instead")
     try:
-        return json.dumps(
-            value, cls=DjangoJSONEncoder, allow_nan=False, separators=(",", ":")
-        ).encode()
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(
+            value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False, separators=(",", ":")
+        )
+        encoded = text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
         raise PayloadError(f"{what} is not JSON-serializable: {exc}") from exc
+    if _NUL_ESCAPE.search(text):
+        raise PayloadError(
+            f"{what} contains a NUL character (\\u0000), which PostgreSQL cannot store"
+        )
+    return encoded
 
 
 def _check_text(name: str, value: Any, limit: int, *, required: bool = False) -> None:
@@ -169,6 +183,18 @@ def _check_text(name: str, value: Any, limit: int, *, required: bool = False) ->
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
     if len(value) > limit:
         raise ValueError(f"{name} is {len(value)} characters; the limit is {limit}")
+    _check_printable(name, value)
+
+
+def _check_printable(name: str, value: str) -> None:
+    # These travel as message and HTTP headers: control characters (CR/LF
+    # above all) would be refused there, or worse, split a header in two.
+    if _CONTROL.search(value):
+        raise ValueError(f"{name} {value!r} contains control characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} {value!r} is not valid UTF-8 text: {exc}") from exc
 
 
 def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -179,4 +205,10 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     bad = [k for k, v in headers.items() if not isinstance(k, str) or not isinstance(v, str)]
     if bad:
         raise PayloadError(f"header names and values must be strings; bad: {bad!r}")
+    for name, value in headers.items():
+        try:
+            _check_printable("header name", name)
+            _check_printable(f"header {name!r}", value)
+        except ValueError as exc:
+            raise PayloadError(str(exc)) from exc
     return dict(headers)

@@ -118,3 +118,14 @@ def test_a_failed_message_stops_its_key_but_not_others(server):
     assert states[second.pk] == OutboxState.SHOULD_BE_SENT
     assert states[other.pk] == OutboxState.SENT
     assert [p for p, _, _ in Handler.received] == ["/status-503", "/ok"]
+
+
+def test_non_ascii_keys_travel_as_utf8_header_bytes(server):
+    message = django_outbox.send("ok", {}, key="city:Zürich")
+    Relay().drain()
+    message.refresh_from_db()
+    assert message.state == OutboxState.SENT
+    [(_, headers, _)] = Handler.received
+    headers = {k.lower(): v for k, v in headers.items()}
+    # http.server decodes header bytes as latin-1
+    assert headers["outbox-key"].encode("latin-1").decode("utf-8") == "city:Zürich"

@@ -207,3 +207,47 @@ def test_bad_arguments_get_clear_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         django_outbox.send(arguments.pop("type"), arguments.pop("payload"), **arguments)
     assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        (None, "is None"),
+        ({"note": "a\x00b"}, "NUL character"),
+        ({"name": "\ud800"}, "not JSON-serializable"),
+    ],
+    ids=["none", "nul", "lone-surrogate"],
+)
+def test_payloads_no_database_can_store_are_refused_up_front(payload, match):
+    with transaction.atomic():
+        with pytest.raises(django_outbox.PayloadError, match=match):
+            django_outbox.send("t", payload)
+        Order.objects.create(customer="c", total_cents=1)  # the transaction is intact
+    assert Order.objects.count() == 1
+    assert not OutboxMessage.objects.exists()
+
+
+def test_a_literal_backslash_u0000_text_is_fine():
+    message = django_outbox.send("t", {"note": "\\u0000 is how JSON writes NUL"})
+    message.refresh_from_db()
+    assert message.payload == {"note": "\\u0000 is how JSON writes NUL"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"key": "order:1\r\nX-Injected: 1"}, ValueError),
+        ({"type": "order\ncreated"}, ValueError),
+        ({"headers": {"tenant": "acme\r\nX: 1"}}, django_outbox.PayloadError),
+        ({"headers": {"bad\nname": "v"}}, django_outbox.PayloadError),
+    ],
+)
+def test_control_characters_in_header_bound_fields_are_refused(kwargs, error):
+    arguments = {"type": "t", **kwargs}
+    with pytest.raises(error, match="control characters"):
+        django_outbox.send(arguments.pop("type"), {}, **arguments)
+
+
+def test_size_limit_counts_utf8_bytes_not_escapes(configure_outbox):
+    configure_outbox(MAX_PAYLOAD_BYTES=40)
+    django_outbox.send("t", {"city": "Zürich-Zürich-Zürich"})  # 33 bytes, 51 if \\u-escaped

@@ -11,7 +11,7 @@ from uuid import UUID
 from django.core import checks
 
 from django_outbox.conf import Destination
-from django_outbox.exceptions import DeliveryError, RetryableError
+from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
 from django_outbox.outbox.envelope import Envelope
 
 logger = logging.getLogger("django_outbox.transport")
@@ -73,6 +73,8 @@ class Transport:
                 self.publish_one(envelope)
             except DeliveryError as exc:
                 outcomes[envelope.message_id] = exc
+            except UnicodeError as exc:  # this message cannot be encoded: retrying will not help
+                outcomes[envelope.message_id] = PermanentError(f"cannot encode the message: {exc}")
             except Exception as exc:  # a transport bug must not lose the row
                 logger.exception("unexpected error publishing %s", envelope.message_id)
                 outcomes[envelope.message_id] = RetryableError(f"{type(exc).__name__}: {exc}")

@@ -84,14 +84,14 @@ class HttpTransport(Transport):
             )
         return problems
 
-    def request_headers(self, envelope: Envelope, body: bytes) -> dict[str, str]:
-        """Headers of the POST for *envelope*."""
+    def request_headers(self, envelope: Envelope, body: bytes) -> list[tuple[bytes, bytes]]:
+        """Headers of the POST for *envelope*, as UTF-8 bytes (keys may be non-ASCII)."""
         headers = envelope.headers
         headers["Idempotency-Key"] = str(envelope.message_id)
         headers["Content-Type"] = "application/json"
         if self.secret:
             headers[signing.SIGNATURE_HEADER] = signing.sign(self.secret, body)
-        return headers
+        return [(name.encode(), value.encode()) for name, value in headers.items()]
 
     def publish_one(self, envelope: Envelope) -> None:
         body = envelope.body()

@@ -28,7 +28,7 @@ from django.core import checks
 from kombu.utils.url import maybe_sanitize_url
 
 from django_outbox.conf import Destination
-from django_outbox.exceptions import RetryableError
+from django_outbox.exceptions import PermanentError, RetryableError
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.transports.base import Outcomes, Transport
 
@@ -351,15 +351,27 @@ class _RedisPublisher(_Publisher):
         if not envelopes:
             return {}
         assert self.queue_name is not None
+        outcomes: Outcomes = {}
+        encoded, good = [], []
+        for envelope in envelopes:
+            try:
+                encoded.append(self.encode(envelope).encode("utf-8"))
+                good.append(envelope)
+            except (UnicodeError, TypeError, ValueError) as exc:
+                outcomes[envelope.message_id] = PermanentError(f"cannot encode: {exc}")
+        if not encoded:
+            return outcomes
         try:
             # LPUSH pushes each value to the head in turn; consumers BRPOP from
             # the tail, so the first envelope is the first one read.
-            self.client.lpush(self.queue_name, *[self.encode(e) for e in envelopes])
+            self.client.lpush(self.queue_name, *encoded)
         except self._redis.RedisError as exc:
             logger.warning("Redis publish to %s failed: %s", self.safe_url, exc)
             error = _error(exc)
-            return {e.message_id: error for e in envelopes}
-        return {e.message_id: None for e in envelopes}
+            outcomes.update((e.message_id, error) for e in good)
+            return outcomes
+        outcomes.update((e.message_id, None) for e in good)
+        return outcomes
 
     def close(self) -> None:
         self.client.close()
