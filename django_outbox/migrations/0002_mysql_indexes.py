@@ -1,4 +1,4 @@
-"""Indexes for MySQL/MariaDB, which have no partial indexes.
+"""MySQL/MariaDB: binary collation for keys, and indexes (no partial indexes there).
 
 On PostgreSQL and SQLite the model's partial indexes already serve the hot
 queries by state. MySQL builds them without their condition, so the relay's
@@ -17,9 +17,24 @@ INDEXES = (
 )
 
 
+#: Keys and destinations compare byte for byte, as on PostgreSQL and SQLite:
+#: MySQL's default collation would merge "Order:1", "order:1" and "order:1 ".
+BINARY_COLUMNS = (
+    ("django_outbox_message", "destination", "varchar(100)", "NOT NULL"),
+    ("django_outbox_message", "`key`", "varchar(255)", "NULL"),
+    ("django_outbox_key", "destination", "varchar(100)", "NOT NULL"),
+    ("django_outbox_key", "`key`", "varchar(255)", "NOT NULL"),
+)
+
+
 def create(apps, schema_editor):
     if schema_editor.connection.vendor != "mysql":
         return
+    for table, column, kind, null in BINARY_COLUMNS:
+        schema_editor.execute(
+            f"ALTER TABLE {table} MODIFY {column} {kind} "
+            f"CHARACTER SET utf8mb4 COLLATE utf8mb4_bin {null}"
+        )
     for name, columns, unique in INDEXES:
         kind = "UNIQUE INDEX" if unique else "INDEX"
         schema_editor.execute(f"CREATE {kind} {name} ON django_outbox_message ({columns})")

@@ -251,3 +251,10 @@ def test_control_characters_in_header_bound_fields_are_refused(kwargs, error):
 def test_size_limit_counts_utf8_bytes_not_escapes(configure_outbox):
     configure_outbox(MAX_PAYLOAD_BYTES=40)
     django_outbox.send("t", {"city": "Zürich-Zürich-Zürich"})  # 33 bytes, 51 if \\u-escaped
+
+
+def test_keys_that_differ_only_in_case_or_trailing_space_are_different_keys():
+    sequences = [
+        django_outbox.send("t", {}, key=key).sequence for key in ("Order:1", "order:1", "order:1 ")
+    ]
+    assert sequences == [1, 1, 1]
