@@ -30,10 +30,14 @@ BINARY_COLUMNS = (
 def create(apps, schema_editor):
     if schema_editor.connection.vendor != "mysql":
         return
+    # NO PAD collations: a trailing space makes a different key too.
+    collation = (
+        "utf8mb4_nopad_bin" if schema_editor.connection.mysql_is_mariadb else "utf8mb4_0900_bin"
+    )
     for table, column, kind, null in BINARY_COLUMNS:
         schema_editor.execute(
             f"ALTER TABLE {table} MODIFY {column} {kind} "
-            f"CHARACTER SET utf8mb4 COLLATE utf8mb4_bin {null}"
+            f"CHARACTER SET utf8mb4 COLLATE {collation} {null}"
         )
     for name, columns, unique in INDEXES:
         kind = "UNIQUE INDEX" if unique else "INDEX"
