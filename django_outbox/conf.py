@@ -7,6 +7,7 @@ default is documented in ``docs/reference/settings.md``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -104,10 +105,28 @@ class OutboxSettings:
             ) from None
 
 
+#: Upper bounds: beyond them date arithmetic overflows or the value is a typo.
+MAXIMUMS: Mapping[str, float] = {
+    "LEASE_SECONDS": 86_400,
+    "RETRY_BASE_SECONDS": 86_400,
+    "RETRY_MAX_SECONDS": 30 * 86_400,
+    "RETENTION_DAYS": 36_500,
+    "DRAIN_SECONDS": 3_600,
+    "DISPATCH_COALESCE_SECONDS": 60,
+    "BATCH_SIZE": 100_000,
+    "PURGE_BATCH_SIZE": 1_000_000,
+    "MAX_ATTEMPTS": 1_000_000,
+}
+
+
 def _number(raw: Mapping[str, Any], key: str, kind: type, *, minimum: float, path: str) -> Any:
     value = raw.get(key, DEFAULTS.get(key))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(f"{path}{key} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{path}{key} must be a finite number, got {value!r}")
+    if key in MAXIMUMS and value > MAXIMUMS[key]:
+        raise ConfigurationError(f"{path}{key} must be <= {MAXIMUMS[key]:g}, got {value!r}")
     if kind is int and not isinstance(value, int):
         raise ConfigurationError(f"{path}{key} must be an integer, got {value!r}")
     if value < minimum:

@@ -1,6 +1,11 @@
 """Signals django-outbox sends. Receivers must be quick and must not raise."""
 
+import logging
+from typing import Any
+
 from django.dispatch import Signal
+
+logger = logging.getLogger("django_outbox.signals")
 
 #: After a transport returned, before outcomes are recorded. Arguments:
 #: ``destination`` (str), ``messages`` (list of OutboxMessage), ``outcomes``
@@ -16,3 +21,14 @@ outbox_message_failed = Signal()
 
 #: Leases that expired were recovered. Arguments: ``resent`` and ``held`` (ints).
 outbox_messages_rescued = Signal()
+
+
+def emit(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send *signal* to every receiver; a receiver that raises is logged, not propagated.
+
+    A metrics or tracing hook must never turn a published batch into an
+    unrecorded one (which the sweep would then publish again).
+    """
+    for receiver, result in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(result, Exception):
+            logger.error("receiver %r of a django-outbox signal raised", receiver, exc_info=result)

@@ -74,7 +74,9 @@ def rescue_stuck_messages(
         logger.warning(
             "rescued %d stuck message(s): %d resent, %d held", resent + held, resent, held
         )
-        signals.outbox_messages_rescued.send(sender=rescue_stuck_messages, resent=resent, held=held)
+        signals.emit(
+            signals.outbox_messages_rescued, rescue_stuck_messages, resent=resent, held=held
+        )
     return RescueResult(resent=resent, held=held)
 
 

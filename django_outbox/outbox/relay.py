@@ -231,8 +231,12 @@ class Relay:
         for destination, messages in by_destination.items():
             messages.sort(key=_publish_order)
             outcomes = self._publish(destination, messages, self._deadline(lease))
-            signals.outbox_batch_published.send(
-                sender=Relay, destination=destination, messages=messages, outcomes=outcomes
+            signals.emit(
+                signals.outbox_batch_published,
+                Relay,
+                destination=destination,
+                messages=messages,
+                outcomes=outcomes,
             )
             result += self._record(destination, messages, outcomes, lease)
         return result
@@ -364,7 +368,7 @@ class Relay:
                 destination,
             )
         if sent:
-            signals.outbox_messages_sent.send(sender=Relay, messages=sent)
+            signals.emit(signals.outbox_messages_sent, Relay, messages=sent)
             logger.debug("sent %d message(s) to %r", len(sent), destination)
         for message, text, retry in failed_signals:
             log = logger.warning if retry else logger.error
@@ -377,8 +381,8 @@ class Relay:
                 ", will retry" if retry else ", moved to send_error",
                 text,
             )
-            signals.outbox_message_failed.send(
-                sender=Relay, message=message, error=text, will_retry=retry
+            signals.emit(
+                signals.outbox_message_failed, Relay, message=message, error=text, will_retry=retry
             )
         return result
 

@@ -242,15 +242,13 @@ def test_prefetching_drain_releases_claimed_batches_when_publishing_fails():
     for n in range(30):
         django_outbox.send("t", {"n": n})
 
-    def explode(**kwargs):
-        raise RuntimeError("tracing hook crashed")
+    def explode(*args, **kwargs):
+        raise RuntimeError("database went away while recording")
 
-    outbox_batch_published.connect(explode)
-    try:
-        with pytest.raises(RuntimeError, match="tracing hook crashed"):
-            Relay(batch_size=10).drain()
-    finally:
-        outbox_batch_published.disconnect(explode)
+    relay = Relay(batch_size=10)
+    relay._record = explode
+    with pytest.raises(RuntimeError, match="went away"):
+        relay.drain()
     rows = list(OutboxMessage.objects.all())
     in_flight = [r for r in rows if r.state == OutboxState.SENDING]
     waiting = [r for r in rows if r.state == OutboxState.SHOULD_BE_SENT]
@@ -334,3 +332,19 @@ def test_a_follower_locked_by_someone_else_cuts_the_run_and_is_not_jumped():
     assert first.sent == 2
     assert Relay(batch_size=10).drain().sent == 4
     assert [e.sequence for e in mailbox["default"]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_raising_signal_receiver_does_not_cost_the_batch_its_outcome(caplog):
+    message = django_outbox.send("t", {})
+
+    def broken_tracer(**kwargs):
+        raise RuntimeError("tracing backend down")
+
+    outbox_batch_published.connect(broken_tracer)
+    try:
+        assert Relay().drain().sent == 1
+    finally:
+        outbox_batch_published.disconnect(broken_tracer)
+    message.refresh_from_db()
+    assert message.state == OutboxState.SENT
+    assert "raised" in caplog.text and "tracing backend down" in caplog.text

@@ -40,6 +40,9 @@ def test_destination_options_are_lowercased_and_policy_read():
         ({"DESTINATIONS": {"x": {}}}, "TRANSPORT'] is required"),
         ({"DESTINATIONS": {"x": {"TRANSPORT": "memory", "UNCERTAIN": "maybe"}}}, "UNCERTAIN"),
         ({"DESTINATIONS": {"x": "kombu"}}, "must be a dict"),
+        ({"LEASE_SECONDS": float("inf")}, "LEASE_SECONDS must be a finite number"),
+        ({"RETRY_MAX_SECONDS": float("nan")}, "must be a finite number"),
+        ({"RETRY_MAX_SECONDS": 10**12}, "RETRY_MAX_SECONDS must be <="),
     ],
 )
 def test_wrong_settings_raise_a_clear_error(raw, fragment):
