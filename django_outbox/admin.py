@@ -131,8 +131,9 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         allowed: tuple[OutboxState, ...],
     ) -> None:
         selected = queryset.count()
-        eligible = OutboxMessage.objects.filter(pk__in=queryset.values("pk"))
-        moved = getattr(eligible, verb)()
+        # The changelist's own queryset (and database); the domain method
+        # keeps only the rows in an allowed state.
+        moved = getattr(queryset.order_by(), verb)()
         past = {"requeue": "requeued", "cancel": "cancelled"}[verb]
         self.message_user(request, f"{moved} message(s) {past}.", messages.SUCCESS)
         if moved < selected:

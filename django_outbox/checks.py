@@ -38,6 +38,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         problems.extend(cls.check(destination))
     for alias in connections:
         connection = connections[alias]
+        features = connection.features
+        if connection.vendor != "sqlite" and not features.has_select_for_update_skip_locked:
+            problems.append(
+                checks.Error(
+                    f"database {alias!r} ({connection.vendor}) has no SELECT … FOR UPDATE "
+                    "SKIP LOCKED, which the relay's claims need",
+                    hint="Use PostgreSQL, MariaDB 10.6+ or MySQL 8.0+.",
+                    id="django_outbox.E003",
+                )
+            )
         mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))
         if connection.vendor == "sqlite" and mode.upper() != "IMMEDIATE":
             problems.append(

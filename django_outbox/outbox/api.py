@@ -77,7 +77,7 @@ def _insert(message: OutboxMessage, db: str) -> None:
     if message.key is not None:
         message.sequence = next_sequence(db, message.destination, message.key)
     connection = connections[db]
-    if connection.vendor not in ("postgresql", "sqlite"):
+    if not connection.features.can_return_columns_from_insert:
         message.save(force_insert=True, using=db)
         return
     # The hot path of every send(): one INSERT … RETURNING whose SQL is built
@@ -119,7 +119,10 @@ def next_sequence(db: str, destination: str, key: str) -> int:
     concurrent sender of the same key waits: sequence order is commit order.
     """
     connection = connections[db]
-    if connection.vendor in ("postgresql", "sqlite"):
+    if connection.features.can_return_columns_from_insert and connection.vendor in (
+        "postgresql",
+        "sqlite",
+    ):
         q = connection.ops.quote_name
         table, last = q(OutboxKey._meta.db_table), q("last_sequence")
         with connection.cursor() as cursor:

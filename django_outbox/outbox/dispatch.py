@@ -110,6 +110,10 @@ class BackgroundDispatcher:
     """A daemon thread that publishes triggers handed over by committing threads."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all state (a forked child starts here)."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: defaultdict[str, list[int]] = defaultdict(list)
@@ -158,6 +162,10 @@ class BackgroundDispatcher:
 
 
 _background = BackgroundDispatcher()
+# A child forked while the parent held the lock would deadlock on it, and the
+# parent's thread does not exist in the child: start the child afresh.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_background.reset)
 
 
 def flush(timeout: float = 5.0) -> bool:

@@ -181,13 +181,13 @@ class OutboxMessage(models.Model):
 
     def requeue(self, now: datetime | None = None) -> bool:
         """Requeue this message if it is in ``send_error``; return whether it moved."""
-        moved = OutboxMessage.objects.filter(pk=self.pk).requeue(now) == 1
+        moved = OutboxMessage.objects.using(self._state.db).filter(pk=self.pk).requeue(now) == 1
         self.refresh_from_db()
         return moved
 
     def cancel(self, now: datetime | None = None) -> bool:
         """Cancel this message if it is not sending or finished; return whether it moved."""
-        moved = OutboxMessage.objects.filter(pk=self.pk).cancel(now) == 1
+        moved = OutboxMessage.objects.using(self._state.db).filter(pk=self.pk).cancel(now) == 1
         self.refresh_from_db()
         return moved
 

@@ -485,7 +485,10 @@ class Relay:
                 except queue.Empty:
                     continue
                 if isinstance(item, tuple):
-                    self._release(*item)
+                    try:
+                        self._release(*item)
+                    except Exception:  # keep draining so the claimer can finish
+                        logger.exception("could not release a prefetched batch; the sweep will")
             thread.join()
         return total
 

@@ -155,7 +155,7 @@ class RelayWorker:
                 if result.claimed < self.relay.batch_size:
                     if self.until_empty:
                         break
-                    waiter.wait(self.interval)
+                    waiter.wait(max(self.interval, 0.05))  # an idle poll, not a busy loop
         finally:
             waiter.close()
         return total

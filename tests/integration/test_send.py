@@ -258,3 +258,20 @@ def test_keys_that_differ_only_in_case_or_trailing_space_are_different_keys():
         django_outbox.send("t", {}, key=key).sequence for key in ("Order:1", "order:1", "order:1 ")
     ]
     assert sequences == [1, 1, 1]
+
+
+def test_a_forked_child_starts_with_a_fresh_dispatcher(configure_outbox):
+    import os
+
+    configure_outbox(DISPATCH="celery")
+    background = dispatch._background
+    background._lock.acquire()  # the parent forks while its dispatcher holds the lock
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: must not deadlock, must own a new lock
+            code = 0 if background._lock.acquire(timeout=2) and not background._pending else 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        background._lock.release()
+    assert os.waitstatus_to_exitcode(status) == 0
