@@ -20,6 +20,7 @@ from django_outbox.exceptions import (
     PayloadTooLarge,
     PermanentError,
     RetryableError,
+    UncertainError,
     UnknownDestination,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "RetryableError",
+    "UncertainError",
     "UnknownDestination",
     "send",
 ]

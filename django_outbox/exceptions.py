@@ -36,5 +36,11 @@ class RetryableError(DeliveryError):
     """A failure that may succeed later (broker down, timeout, 5xx)."""
 
 
+class UncertainError(RetryableError):
+    """The message may or may not have arrived: it was handed over, but no answer came
+    back (a read timeout, a lost publisher confirm). Retried under the ``resend``
+    policy; parked in ``send_error`` as uncertain under ``hold``."""
+
+
 class PermanentError(DeliveryError):
     """A failure that will not succeed by retrying (4xx, rejected message)."""

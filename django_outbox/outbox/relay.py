@@ -32,6 +32,7 @@ from django_outbox.exceptions import (
     ConfigurationError,
     DeliveryError,
     RetryableError,
+    UncertainError,
     UnknownDestination,
 )
 from django_outbox.outbox.envelope import Envelope
@@ -272,7 +273,8 @@ class Relay:
             return transport.publish(envelopes, deadline)
         except Exception as exc:  # a transport bug must not leave rows stuck in sending
             logger.exception("transport for %r raised", destination)
-            error = RetryableError(f"{type(exc).__name__}: {exc}")
+            # Some of the batch may have gone out before it raised.
+            error = UncertainError(f"{type(exc).__name__}: {exc}")
             return dict.fromkeys((e.message_id for e in envelopes), error)
 
     def _record(
@@ -293,11 +295,24 @@ class Relay:
         untried = [m for m in messages if m.message_id not in outcomes]
         failures = [(m, outcomes[m.message_id]) for m in messages if outcomes.get(m.message_id)]
         max_attempts = self._max_attempts(destination)
+        holds = self._holds_uncertain(destination)
         changes: dict[int, dict[str, Any]] = {}
         failed_signals: list[tuple[OutboxMessage, str, bool]] = []
         for message, error in failures:
             assert error is not None
             text = _error_text(error)
+            uncertain = isinstance(error, UncertainError)
+            if uncertain and holds:
+                changes[message.pk] = {
+                    "state": OutboxState.SEND_ERROR,
+                    "uncertain": True,
+                    "last_error": f"outcome uncertain, held for an operator: {text}",
+                    "locked_until": None,
+                    "lock_token": None,
+                }
+                result.failed += 1
+                failed_signals.append((message, text, False))
+                continue
             retry = isinstance(error, RetryableError) and message.attempts < max_attempts
             if retry:
                 delay = backoff_delay(
@@ -385,6 +400,10 @@ class Relay:
                 signals.outbox_message_failed, Relay, message=message, error=text, will_retry=retry
             )
         return result
+
+    def _holds_uncertain(self, destination: str) -> bool:
+        config = self.config.destinations.get(destination)
+        return config is not None and config.uncertain == "hold"
 
     def _max_attempts(self, destination: str) -> int:
         config = self.config.destinations.get(destination)

@@ -129,3 +129,32 @@ def test_non_ascii_keys_travel_as_utf8_header_bytes(server):
     headers = {k.lower(): v for k, v in headers.items()}
     # http.server decodes header bytes as latin-1
     assert headers["outbox-key"].encode("latin-1").decode("utf-8") == "city:Zürich"
+
+
+def test_timeout_on_a_hold_destination_parks_the_message_as_uncertain(server, configure_outbox):
+    url = f"http://127.0.0.1:{server.server_address[1]}/{{type}}"
+    configure_outbox(
+        DESTINATIONS={
+            "default": {
+                "TRANSPORT": "http",
+                "URL": url,
+                "SECRET": SECRET,
+                "TIMEOUT": 0.5,
+                "UNCERTAIN": "hold",
+            }
+        }
+    )
+    message = deliver("slow")
+    # The POST went out and no answer came back: the receiver may have acted.
+    assert (message.state, message.uncertain) == (OutboxState.SEND_ERROR, True)
+    assert message.last_error.startswith("outcome uncertain, held for an operator: timeout")
+
+
+def test_connection_refused_on_a_hold_destination_is_simply_retried(configure_outbox):
+    configure_outbox(
+        DESTINATIONS={
+            "default": {"TRANSPORT": "http", "URL": "http://127.0.0.1:9/x", "UNCERTAIN": "hold"}
+        }
+    )
+    message = deliver("ok")  # nothing reached a server: nothing is uncertain
+    assert (message.state, message.uncertain) == (OutboxState.SHOULD_BE_SENT, False)

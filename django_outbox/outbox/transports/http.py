@@ -16,7 +16,7 @@ from django.core import checks
 
 from django_outbox import signing
 from django_outbox.conf import Destination
-from django_outbox.exceptions import PermanentError, RetryableError
+from django_outbox.exceptions import PermanentError, RetryableError, UncertainError
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.transports.base import Transport
 
@@ -100,10 +100,14 @@ class HttpTransport(Transport):
             response = self.client.post(
                 url, content=body, headers=self.request_headers(envelope, body)
             )
-        except httpx.TimeoutException as exc:
-            raise RetryableError(f"timeout after {self.client.timeout.read}s: {exc!r}") from exc
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # Nothing reached the server.
             raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            # Sent, but no answer in time: the receiver may have acted on it.
+            raise UncertainError(f"timeout after {self.client.timeout.read}s: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise UncertainError(f"{type(exc).__name__}: {exc}") from exc
         status = response.status_code
         if 200 <= status < 300:
             return

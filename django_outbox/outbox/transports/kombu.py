@@ -28,7 +28,7 @@ from django.core import checks
 from kombu.utils.url import maybe_sanitize_url
 
 from django_outbox.conf import Destination
-from django_outbox.exceptions import PermanentError, RetryableError
+from django_outbox.exceptions import PermanentError, RetryableError, UncertainError
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.transports.base import Outcomes, Transport
 
@@ -271,12 +271,14 @@ class _AmqpPublisher(_Publisher):
         self._pending = {}
         self._outcomes = {}
         self._returned = {}
+        handed_over: set[UUID] = set()
         try:
             producer = self._connect()
             for envelope in envelopes:
                 producer.publish(
                     envelope.body(), mandatory=self.confirm, **self.publish_arguments(envelope)
                 )
+                handed_over.add(envelope.message_id)
                 if self.confirm:
                     self._pending[self._next_tag] = envelope.message_id
                     self._next_tag += 1
@@ -287,9 +289,12 @@ class _AmqpPublisher(_Publisher):
             logger.warning("AMQP publish to %s failed: %s", self.safe_url, exc)
             self.close()
             error = _error(exc)
+            unknown = UncertainError(f"no publisher confirm before the failure: {error}")
             for envelope in envelopes:
                 # Confirmed before the failure: those did reach the broker.
-                self._outcomes.setdefault(envelope.message_id, error)
+                # Handed over but unconfirmed: they may have.
+                lost = unknown if envelope.message_id in handed_over else error
+                self._outcomes.setdefault(envelope.message_id, lost)
         return self._outcomes
 
     def _await_confirms(self) -> None:
@@ -368,6 +373,9 @@ class _RedisPublisher(_Publisher):
         except self._redis.RedisError as exc:
             logger.warning("Redis publish to %s failed: %s", self.safe_url, exc)
             error = _error(exc)
+            if isinstance(exc, self._redis.TimeoutError):
+                # The LPUSH was sent; whether Redis applied it is unknown.
+                error = UncertainError(str(error))
             outcomes.update((e.message_id, error) for e in good)
             return outcomes
         outcomes.update((e.message_id, None) for e in good)
