@@ -158,6 +158,22 @@ def _claim_returning(
     return rows
 
 
+def with_ids(queryset: models.QuerySet[M], ids: Sequence[Any]) -> models.QuerySet[M]:
+    """*queryset* narrowed to primary keys *ids*.
+
+    On PostgreSQL the ids travel as one array parameter (``= ANY(%s)``): a
+    500-item ``IN (…)`` list costs more to build and parse than the UPDATE
+    it selects for.
+    """
+    connection = transaction.get_connection(queryset.db)
+    if connection.vendor != "postgresql":
+        return queryset.filter(pk__in=list(ids))
+    meta = queryset.model._meta
+    q = connection.ops.quote_name
+    column = f"{q(meta.db_table)}.{q(meta.pk.column)}"
+    return queryset.extra(where=[f"{column} = ANY(%s)"], params=[list(ids)])
+
+
 def fenced(model: type[M], lease: Lease, running_state: str, using: str) -> models.QuerySet[M]:
     """Rows still held under *lease*: the only ones its holder may change.
 
@@ -185,4 +201,4 @@ def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, 
             if name in row
         ]
         assignments[name] = Case(*whens, default=F(name), output_field=output)  # type: ignore[arg-type]
-    return queryset.filter(pk__in=list(values)).update(**assignments)
+    return with_ids(queryset, list(values)).update(**assignments)

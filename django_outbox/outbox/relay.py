@@ -27,6 +27,7 @@ from django.utils import timezone
 from django_outbox import signals
 from django_outbox.conf import OutboxSettings, get_settings
 from django_outbox.engine import Lease, backoff_delay, claim, fenced, update_each
+from django_outbox.engine.lease import with_ids
 from django_outbox.engine.retry import retry_transient
 from django_outbox.exceptions import (
     ConfigurationError,
@@ -343,7 +344,7 @@ class Relay:
                 if sent:
                     # Always by id as well as by token: rows under this lease
                     # that are not in this batch were never published.
-                    recorded_sent = held.filter(pk__in=[m.pk for m in sent]).update(
+                    recorded_sent = with_ids(held, [m.pk for m in sent]).update(
                         state=OutboxState.SENT,
                         sent_at=now,
                         finished_at=now,
@@ -352,7 +353,7 @@ class Relay:
                     )
                     recorded += recorded_sent
                 if untried:
-                    recorded += held.filter(pk__in=[m.pk for m in untried]).update(
+                    recorded += with_ids(held, [m.pk for m in untried]).update(
                         state=OutboxState.SHOULD_BE_SENT,
                         attempts=F("attempts") - 1,
                         locked_until=None,
@@ -515,7 +516,7 @@ class Relay:
         """Give claimed, unattempted *rows* back at once (their attempt uncounted)."""
         held = fenced(OutboxMessage, lease, OutboxState.SENDING, self.using)
         retry_transient(
-            lambda: held.filter(pk__in=[row.pk for row in rows]).update(
+            lambda: with_ids(held, [row.pk for row in rows]).update(
                 state=OutboxState.SHOULD_BE_SENT,
                 attempts=F("attempts") - 1,
                 locked_until=None,
