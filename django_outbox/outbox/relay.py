@@ -424,9 +424,16 @@ class Relay:
         """
         budget = self.config.drain_seconds if time_budget is None else time_budget
         deadline = time.monotonic() + budget
+        # The first batch runs here: an idle poll (nothing or little due) costs
+        # one claim, no helper thread and no second database connection.
+        total = self.run_batch()
+        done = max_batches is not None and total.batches >= max_batches
+        if total.claimed < self.batch_size or done or time.monotonic() >= deadline:
+            return total
         if self._can_prefetch():
-            return self._drain_prefetching(deadline, max_batches)
-        total = RelayResult()
+            left = None if max_batches is None else max_batches - total.batches
+            total += self._drain_prefetching(deadline, left)
+            return total
         while max_batches is None or total.batches < max_batches:
             result = self.run_batch()
             total += result

@@ -239,23 +239,29 @@ def test_expired_lease_with_attempts_used_up_is_held_even_under_resend():
 
 @pytest.mark.row_locks
 def test_prefetching_drain_releases_claimed_batches_when_publishing_fails():
-    for n in range(30):
+    for n in range(40):
         django_outbox.send("t", {"n": n})
-
-    def explode(*args, **kwargs):
-        raise RuntimeError("database went away while recording")
-
     relay = Relay(batch_size=10)
-    relay._record = explode
+    record = relay._record
+    calls = []
+
+    def fail_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("database went away while recording")
+        return record(*args, **kwargs)
+
+    relay._record = fail_second
     with pytest.raises(RuntimeError, match="went away"):
         relay.drain()
     rows = list(OutboxMessage.objects.all())
+    sent = [r for r in rows if r.state == OutboxState.SENT]
     in_flight = [r for r in rows if r.state == OutboxState.SENDING]
     waiting = [r for r in rows if r.state == OutboxState.SHOULD_BE_SENT]
-    # The batch being published stays leased (the sweep rescues it); the batch
-    # the claimer had prefetched went straight back, its attempt uncounted.
-    assert len(in_flight) == 10
-    assert len(waiting) == 20
+    # Batch 1 went out and was recorded; batch 2 failed while recording and
+    # stays leased (the sweep rescues it); whatever the claimer had prefetched
+    # went straight back, its attempt uncounted.
+    assert (len(sent), len(in_flight), len(waiting)) == (10, 10, 20)
     assert {r.attempts for r in waiting} == {0}
     assert Relay(batch_size=10).drain().sent == 20
 
