@@ -81,10 +81,13 @@ STATIC_URL = "static/"
 _FS_BROKER = VAR_DIR / "broker"
 (_FS_BROKER / "out").mkdir(parents=True, exist_ok=True)
 (_FS_BROKER / "processed").mkdir(parents=True, exist_ok=True)
+(_FS_BROKER / "control").mkdir(parents=True, exist_ok=True)
 FILESYSTEM_TRANSPORT_OPTIONS = {
     "data_folder_in": str(_FS_BROKER / "out"),
     "data_folder_out": str(_FS_BROKER / "out"),
     "processed_folder": str(_FS_BROKER / "processed"),
+    # kombu otherwise creates ./control in the working directory.
+    "control_folder": str(_FS_BROKER / "control"),
     "store_processed": False,
 }
 
