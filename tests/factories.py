@@ -1,4 +1,5 @@
 import uuid
+from datetime import timedelta
 
 import factory
 from django.utils import timezone
@@ -17,3 +18,19 @@ class OutboxMessageFactory(factory.django.DjangoModelFactory):
     state = OutboxState.SHOULD_BE_SENT
     available_at = factory.LazyFunction(timezone.now)
     created_at = factory.LazyFunction(timezone.now)
+
+
+DEAD_RELAY_TOKEN = "7e9c9e0e-0000-4000-8000-000000000000"
+
+
+def leave_sending(message, *, lease_ends_in: float, attempts=None):
+    """Put *message* in ``sending`` under a lease of a relay that is gone,
+    ending *lease_ends_in* seconds from now (negative: already expired)."""
+    changes = {
+        "state": OutboxState.SENDING,
+        "locked_until": timezone.now() + timedelta(seconds=lease_ends_in),
+        "lock_token": DEAD_RELAY_TOKEN,
+    }
+    if attempts is not None:
+        changes["attempts"] = attempts
+    OutboxMessage.objects.filter(pk=message.pk).update(**changes)

@@ -8,7 +8,6 @@ whose lease was taken over changes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import random
@@ -16,6 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,9 +26,15 @@ from django.utils import timezone
 
 from django_outbox import signals
 from django_outbox.conf import OutboxSettings, get_settings
-from django_outbox.engine import Lease, backoff_delay, claim, fenced, update_each
-from django_outbox.engine.lease import with_ids
-from django_outbox.engine.retry import retry_transient
+from django_outbox.engine import (
+    Lease,
+    backoff_delay,
+    claim,
+    fenced,
+    retry_transient,
+    update_each,
+    with_ids,
+)
 from django_outbox.exceptions import (
     ConfigurationError,
     DeliveryError,
@@ -339,7 +345,8 @@ class Relay:
         statements = (1 if sent else 0) + (1 if untried else 0) + (1 if changes else 0)
 
         def write() -> tuple[int, int]:
-            with transaction.atomic(using=self.using) if statements > 1 else _nothing():
+            scope = transaction.atomic(using=self.using) if statements > 1 else nullcontext()
+            with scope:
                 recorded = recorded_sent = 0
                 if sent:
                     # Always by id as well as by token: rows under this lease
@@ -546,10 +553,6 @@ class Relay:
             return total
         total += self.drain()
         return total
-
-
-def _nothing() -> contextlib.nullcontext[None]:
-    return contextlib.nullcontext()
 
 
 def _publish_order(message: OutboxMessage) -> tuple[Any, ...]:

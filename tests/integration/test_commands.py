@@ -12,7 +12,7 @@ import django_outbox
 from django_outbox.models import OutboxMessage, OutboxState
 from django_outbox.outbox.maintenance import purge_finished_messages
 from django_outbox.outbox.transports.memory import mailbox
-from tests.factories import OutboxMessageFactory
+from tests.factories import OutboxMessageFactory, leave_sending
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,11 +46,7 @@ def test_outbox_relay_rejects_bad_arguments(bad):
 
 def test_outbox_sweep_rescues_and_delivers():
     message = django_outbox.send("t", {})
-    OutboxMessage.objects.filter(pk=message.pk).update(
-        state=OutboxState.SENDING,
-        locked_until=timezone.now() - timedelta(seconds=5),
-        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
-    )
+    leave_sending(message, lease_ends_in=-5)
     counts = json.loads(run("outbox_sweep"))
     assert (counts["resent"], counts["sent"]) == (1, 1)
 

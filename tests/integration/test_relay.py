@@ -12,6 +12,7 @@ from django_outbox.outbox.maintenance import rescue_stuck_messages
 from django_outbox.outbox.relay import Relay
 from django_outbox.outbox.transports.memory import mailbox
 from django_outbox.signals import outbox_batch_published
+from tests.factories import leave_sending
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,14 +196,8 @@ def test_batch_query_count_does_not_grow_with_batch_size(django_assert_max_num_q
 )
 def test_expired_lease_is_resent_or_held_per_destination_policy(destination, state, uncertain):
     message = django_outbox.send("t", {}, to=destination)
-    now = timezone.now()
-    OutboxMessage.objects.filter(pk=message.pk).update(
-        state=OutboxState.SENDING,
-        locked_until=now - timedelta(seconds=1),
-        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
-        attempts=1,
-    )
-    result = rescue_stuck_messages(now=now)
+    leave_sending(message, lease_ends_in=-1, attempts=1)
+    result = rescue_stuck_messages()
     message.refresh_from_db()
     assert (message.state, message.uncertain) == (state, uncertain)
     assert message.lock_token is None
@@ -214,25 +209,14 @@ def test_expired_lease_is_resent_or_held_per_destination_policy(destination, sta
 
 def test_unexpired_leases_are_left_alone():
     message = django_outbox.send("t", {})
-    now = timezone.now()
-    OutboxMessage.objects.filter(pk=message.pk).update(
-        state=OutboxState.SENDING,
-        locked_until=now + timedelta(seconds=30),
-        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
-    )
-    assert rescue_stuck_messages(now=now).resent == 0
+    leave_sending(message, lease_ends_in=30)
+    assert rescue_stuck_messages().resent == 0
 
 
 def test_expired_lease_with_attempts_used_up_is_held_even_under_resend():
     message = django_outbox.send("t", {})
-    now = timezone.now()
-    OutboxMessage.objects.filter(pk=message.pk).update(
-        state=OutboxState.SENDING,
-        locked_until=now - timedelta(seconds=1),
-        lock_token="7e9c9e0e-0000-4000-8000-000000000000",
-        attempts=5,
-    )
-    rescue_stuck_messages(now=now)
+    leave_sending(message, lease_ends_in=-1, attempts=5)
+    rescue_stuck_messages()
     message.refresh_from_db()
     assert (message.state, message.uncertain) == (OutboxState.SEND_ERROR, True)
 
