@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`.
 # Everything else here is a step of those two or a documented extra
-# (`make bench`, `make chaos`).
+# (`make bench`).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -24,12 +24,14 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PY311) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -U pip
+	$(VENV)/bin/pip uninstall -q -y django-outbox 2>/dev/null || true  # the pre-rename name
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52]"
 	touch $@
 
 $(VENV6)/.installed: pyproject.toml
 	$(PY312) -m venv $(VENV6)
 	$(VENV6)/bin/pip install -q --disable-pip-version-check -U pip
+	$(VENV6)/bin/pip uninstall -q -y django-outbox 2>/dev/null || true
 	$(VENV6)/bin/pip install -q --disable-pip-version-check -e ".[dev,django61]"
 	touch $@
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 from django.conf import settings
@@ -10,6 +11,27 @@ from django.db import connections
 
 from django_outbox.conf import SETTING_NAME, load
 from django_outbox.exceptions import ConfigurationError
+
+
+#: The unrelated project that owns the name ``django-outbox`` on the package
+#: index; it installs a module called ``django_outbox`` too.
+FOREIGN_DISTRIBUTION = "django-outbox"
+
+
+def _check_distribution() -> list[checks.CheckMessage]:
+    try:
+        foreign = importlib.metadata.distribution(FOREIGN_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return [
+        checks.Error(
+            f"the package {FOREIGN_DISTRIBUTION!r} {foreign.version} is installed: it is an "
+            "unrelated project that writes files into the same 'django_outbox' module",
+            hint=f"pip uninstall {FOREIGN_DISTRIBUTION}, then pip install --force-reinstall "
+            "django-outbox-inbox",
+            id="django_outbox.E004",
+        )
+    ]
 
 
 @checks.register("django_outbox")
@@ -21,7 +43,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         config = load(getattr(settings, SETTING_NAME, None))
     except ConfigurationError as exc:
         return [checks.Error(str(exc), id="django_outbox.E001")]
-    problems: list[checks.CheckMessage] = []
+    problems: list[checks.CheckMessage] = _check_distribution()
     if not config.destinations:
         problems.append(
             checks.Warning(

@@ -58,7 +58,7 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'demo.sq
 if DATABASE_URL.startswith("mysql"):
     # The test project talks to MariaDB through PyMySQL (pure Python, no C
     # headers to install) standing in for mysqlclient, which projects should
-    # use (django-outbox[mysql]). Django checks mysqlclient's version number.
+    # use (django-outbox-inbox[mysql]). Django checks mysqlclient's version number.
     import pymysql
 
     pymysql.version_info = (2, 2, 7, "final", 0)

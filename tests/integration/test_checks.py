@@ -93,3 +93,28 @@ def test_fixed_binding_key_or_a_plain_routing_key_pass(configure_outbox):
         {"TRANSPORT": "kombu", "URL": "amqp://x", "QUEUE": "q", "ROUTING_KEY": "orders"},
     ):
         assert ids(configure_outbox, DESTINATIONS={"default": destination}) == []
+
+
+def test_the_unrelated_django_outbox_distribution_is_reported(monkeypatch):
+    import importlib.metadata
+
+    class Foreign:
+        version = "0.6.0"
+
+    real = importlib.metadata.distribution
+
+    def distribution(name):
+        return Foreign() if name == "django-outbox" else real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    errors = [m for m in check_settings() if m.id == "django_outbox.E004"]
+    assert len(errors) == 1 and "0.6.0" in errors[0].msg
+
+
+def test_our_own_distribution_is_not_mistaken_for_the_unrelated_one() -> None:
+    import importlib.metadata
+
+    assert importlib.metadata.distribution("django-outbox-inbox").metadata["Name"] == (
+        "django-outbox-inbox"
+    )
+    assert not [m for m in check_settings() if m.id == "django_outbox.E004"]

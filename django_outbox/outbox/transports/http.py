@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx  # optional dependency: django-outbox[http]
+import httpx  # optional dependency: django-outbox-inbox[http]
 from django.core import checks
 
 from django_outbox import signing

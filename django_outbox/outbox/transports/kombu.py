@@ -121,7 +121,7 @@ class KombuTransport(Transport):
                 problems.append(
                     checks.Error(
                         f"destination {destination.name!r}: the redis package is not installed",
-                        hint='pip install "django-outbox[redis]"',
+                        hint='pip install "django-outbox-inbox[redis]"',
                         id="django_outbox.E016",
                     )
                 )
@@ -322,7 +322,7 @@ class _RedisPublisher(_Publisher):
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
-        import redis  # optional dependency: django-outbox[redis]
+        import redis  # optional dependency: django-outbox-inbox[redis]
 
         self._redis = redis
         self.client = redis.Redis.from_url(

@@ -26,7 +26,7 @@ def transport_class(destination: Destination) -> type[Transport]:
     except ImportError as exc:
         raise ConfigurationError(
             f"destination {destination.name!r}: cannot import transport {path!r} ({exc}); "
-            "is the matching extra installed (django-outbox[redis], [http], [postgres])?"
+            "is the matching extra installed (django-outbox-inbox[redis], [http], [postgres])?"
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Transport)):
         raise ConfigurationError(f"destination {destination.name!r}: {path!r} is not a Transport")
