@@ -25,6 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY311) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -U pip
 	$(VENV)/bin/pip uninstall -q -y django-outbox 2>/dev/null || true  # the pre-rename name
+	rm -rf django_outbox.egg-info
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52]"
 	touch $@
 
