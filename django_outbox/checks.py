@@ -9,9 +9,8 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from django_outbox.conf import SETTING_NAME, load
+from django_outbox.conf import SETTING_NAME, Settings, load
 from django_outbox.exceptions import ConfigurationError
-
 
 #: The unrelated project that owns the name ``django-outbox`` on the package
 #: index; it installs a module called ``django_outbox`` too.
@@ -34,6 +33,39 @@ def _check_distribution() -> list[checks.CheckMessage]:
     ]
 
 
+def _check_celery(config: Settings) -> list[checks.CheckMessage]:
+    if config.dispatch != "celery":
+        return []
+    from celery import current_app
+
+    from django_outbox.engine.triggers import celery_app_missing
+
+    app: Any = current_app._get_current_object()  # type: ignore[attr-defined]
+    if celery_app_missing(app):
+        return [
+            checks.Error(
+                f"{SETTING_NAME}['DISPATCH'] is 'celery' (the default) but no Celery app is "
+                "loaded: on-commit triggers would go to Celery's default app "
+                "(amqp://guest@localhost) and the beat sweeps would not run",
+                hint="Define your Celery app (proj/celery.py) and import it in proj/__init__.py "
+                "as the quickstart shows, with CELERY_BROKER_URL set; or set DISPATCH to "
+                "'notify' (PostgreSQL, with outbox_relay) or 'none'.",
+                id="django_outbox.E005",
+            )
+        ]
+    if not (app.conf.broker_url or app.conf.broker_write_url):
+        return [
+            checks.Warning(
+                f"the Celery app {app.main!r} has no broker URL: on-commit triggers go to "
+                "amqp://guest@localhost",
+                hint="Set CELERY_BROKER_URL (with app.config_from_object('django.conf:settings', "
+                "namespace='CELERY')).",
+                id="django_outbox.W005",
+            )
+        ]
+    return []
+
+
 @checks.register("django_outbox")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Validate ``DJANGO_OUTBOX`` and every destination's transport options."""
@@ -44,14 +76,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ConfigurationError as exc:
         return [checks.Error(str(exc), id="django_outbox.E001")]
     problems: list[checks.CheckMessage] = _check_distribution()
-    if not config.destinations:
+    problems += _check_celery(config)
+    outbox = config.outbox
+    if not outbox.destinations:
         problems.append(
             checks.Warning(
-                f"{SETTING_NAME}['DESTINATIONS'] is empty: send() will refuse every message",
+                f"{SETTING_NAME}['OUTBOX']['DESTINATIONS'] is empty: send() will refuse every "
+                "message",
                 id="django_outbox.W001",
             )
         )
-    for destination in config.destinations.values():
+    for destination in outbox.destinations.values():
         try:
             cls = transport_class(destination)
         except ConfigurationError as exc:
@@ -60,16 +95,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         problems.extend(cls.check(destination))
     for alias in connections:
         connection = connections[alias]
-        features = connection.features
-        if connection.vendor != "sqlite" and not features.has_select_for_update_skip_locked:
-            problems.append(
-                checks.Error(
-                    f"database {alias!r} ({connection.vendor}) has no SELECT … FOR UPDATE "
-                    "SKIP LOCKED, which the relay's claims need",
-                    hint="Use PostgreSQL, MariaDB 10.6+ or MySQL 8.0+.",
-                    id="django_outbox.E003",
-                )
-            )
         mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))
         if connection.vendor == "sqlite" and mode.upper() != "IMMEDIATE":
             problems.append(
@@ -90,4 +115,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_outbox.W002",
             )
         )
+    return problems
+
+
+@checks.register("django_outbox", checks.Tags.database)
+def check_databases(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Databases the engine claims from must have ``SKIP LOCKED`` (asks the server, so it
+    runs only where Django runs database checks: ``migrate``, ``check --database``)."""
+    problems: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        features = connection.features
+        if connection.vendor != "sqlite" and not features.has_select_for_update_skip_locked:
+            problems.append(
+                checks.Error(
+                    f"database {alias!r} ({connection.vendor}) has no SELECT … FOR UPDATE "
+                    "SKIP LOCKED, which the relay's claims need",
+                    hint="Use PostgreSQL, MariaDB 10.6+ or MySQL 8.0+.",
+                    id="django_outbox.E003",
+                )
+            )
     return problems

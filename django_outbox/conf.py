@@ -1,22 +1,36 @@
 """The ``DJANGO_OUTBOX`` setting, validated into typed objects.
 
+One dict, in sections::
+
+    DJANGO_OUTBOX = {
+        # shared: how work is triggered and how workers prove they are alive
+        "DISPATCH": "celery",
+        # engine defaults for every part (each part's section may override them)
+        "LEASE_SECONDS": 60.0,
+        "OUTBOX": {"DESTINATIONS": {...}, "MAX_PAYLOAD_BYTES": 262144},
+        "INBOX": {...},
+        "JOBS": {...},
+    }
+
 Settings are read lazily and re-read when Django's ``setting_changed`` signal
 fires, so ``override_settings`` works in tests. Every key, its unit and its
-default is documented in ``docs/reference/settings.md``.
+default is documented in ``docs/reference/settings.md``. This module imports
+nothing from the parts: transports are named here by dotted path only.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
-from django.dispatch import receiver
+from django.dispatch import Signal, receiver
 
-from django_outbox.exceptions import ConfigurationError
+from django_outbox.exceptions import ConfigurationError, UnknownDestination
 
 SETTING_NAME = "DJANGO_OUTBOX"
 
@@ -34,9 +48,9 @@ TRANSPORT_ALIASES: Mapping[str, str] = {
     "memory": "django_outbox.outbox.transports.memory.MemoryTransport",
 }
 
-#: Top-level keys and their defaults (``DESTINATIONS`` is handled apart).
-DEFAULTS: Mapping[str, Any] = {
-    "MAX_PAYLOAD_BYTES": 256 * 1024,
+#: Engine keys: allowed at the top level (defaults for every part) and in each
+#: part's section (that part only).
+ENGINE_DEFAULTS: Mapping[str, Any] = {
     "BATCH_SIZE": 500,
     "LEASE_SECONDS": 60.0,
     "RETRY_BASE_SECONDS": 2.0,
@@ -44,15 +58,79 @@ DEFAULTS: Mapping[str, Any] = {
     "MAX_ATTEMPTS": 20,
     "RETENTION_DAYS": 7.0,
     "PURGE_BATCH_SIZE": 1000,
+    "DRAIN_SECONDS": 5.0,
+}
+
+#: Keys that exist once, at the top level.
+SHARED_DEFAULTS: Mapping[str, Any] = {
     "DISPATCH": "celery",
     "DISPATCH_IN_BACKGROUND": True,
     "DISPATCH_COALESCE_SECONDS": 0.02,
-    "DELIVER_TASK_QUEUE": None,
-    "DRAIN_SECONDS": 5.0,
     "NOTIFY_CHANNEL": "django_outbox",
+    "HEARTBEAT_SECONDS": 1.0,
+    "WORKER_TIMEOUT_SECONDS": 3.0,
+}
+
+#: Each part's own keys and their defaults (engine keys are allowed on top).
+SECTION_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    "OUTBOX": {"DESTINATIONS": {}, "MAX_PAYLOAD_BYTES": 256 * 1024},
+    "INBOX": {},
+    "JOBS": {},
+}
+
+#: Keys of the flat layout before sections existed, and what to do instead.
+MOVED_KEYS: Mapping[str, str] = {
+    "DESTINATIONS": f"set {SETTING_NAME}['OUTBOX']['DESTINATIONS'] instead",
+    "MAX_PAYLOAD_BYTES": f"set {SETTING_NAME}['OUTBOX']['MAX_PAYLOAD_BYTES'] instead",
+    "DELIVER_TASK_QUEUE": (
+        "route the tasks with Celery's task_routes instead, e.g. "
+        "CELERY_TASK_ROUTES = {'django_outbox.*': {'queue': 'outbox'}}"
+    ),
 }
 
 _DESTINATION_KEYS = frozenset({"TRANSPORT", "UNCERTAIN", "MAX_ATTEMPTS"})
+
+#: Upper bounds: beyond them date arithmetic overflows or the value is a typo.
+MAXIMUMS: Mapping[str, float] = {
+    "LEASE_SECONDS": 86_400,
+    "RETRY_BASE_SECONDS": 86_400,
+    "RETRY_MAX_SECONDS": 30 * 86_400,
+    "RETENTION_DAYS": 36_500,
+    "DRAIN_SECONDS": 3_600,
+    "DISPATCH_COALESCE_SECONDS": 60,
+    "HEARTBEAT_SECONDS": 60,
+    "WORKER_TIMEOUT_SECONDS": 3_600,
+    "BATCH_SIZE": 100_000,
+    "PURGE_BATCH_SIZE": 1_000_000,
+    "MAX_ATTEMPTS": 1_000_000,
+}
+
+#: Lower bounds (inclusive) of the numeric keys.
+MINIMUMS: Mapping[str, float] = {
+    "BATCH_SIZE": 1,
+    "LEASE_SECONDS": 0.1,
+    "MAX_ATTEMPTS": 1,
+    "PURGE_BATCH_SIZE": 1,
+    "MAX_PAYLOAD_BYTES": 1,
+    "HEARTBEAT_SECONDS": 0.05,
+    "WORKER_TIMEOUT_SECONDS": 0.1,
+}
+
+_INTEGER_KEYS = frozenset({"BATCH_SIZE", "MAX_ATTEMPTS", "PURGE_BATCH_SIZE", "MAX_PAYLOAD_BYTES"})
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine drives one part's rows (units in the names)."""
+
+    batch_size: int = 500
+    lease_seconds: float = 60.0
+    retry_base_seconds: float = 2.0
+    retry_max_seconds: float = 3600.0
+    max_attempts: int = 20
+    retention_days: float = 7.0
+    purge_batch_size: int = 1000
+    drain_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -73,65 +151,73 @@ class Destination:
 
 @dataclass(frozen=True)
 class OutboxSettings:
-    """The validated ``DJANGO_OUTBOX`` setting."""
+    """The ``OUTBOX`` section: destinations and what ``send()`` accepts."""
 
+    engine: EngineSettings
     destinations: Mapping[str, Destination]
     max_payload_bytes: int
-    batch_size: int
-    lease_seconds: float
-    retry_base_seconds: float
-    retry_max_seconds: float
-    max_attempts: int
-    retention_days: float
-    purge_batch_size: int
-    dispatch: DispatchMode
-    dispatch_in_background: bool
-    dispatch_coalesce_seconds: float
-    deliver_task_queue: str | None
-    drain_seconds: float
-    notify_channel: str
 
     def destination(self, name: str) -> Destination:
         """Return the destination called *name* or raise ``UnknownDestination``."""
-        from django_outbox.exceptions import UnknownDestination
-
         try:
             return self.destinations[name]
         except KeyError:
-            known = ", ".join(sorted(self.destinations)) or "none configured"
             raise UnknownDestination(
-                f"unknown outbox destination {name!r} (configured: {known}); "
-                f"add it to {SETTING_NAME}['DESTINATIONS']"
+                f"unknown outbox destination {name!r}{suggest(name, self.destinations)} "
+                f"(configured: {', '.join(sorted(self.destinations)) or 'none'}); "
+                f"add it to {SETTING_NAME}['OUTBOX']['DESTINATIONS']"
             ) from None
 
 
-#: Upper bounds: beyond them date arithmetic overflows or the value is a typo.
-MAXIMUMS: Mapping[str, float] = {
-    "LEASE_SECONDS": 86_400,
-    "RETRY_BASE_SECONDS": 86_400,
-    "RETRY_MAX_SECONDS": 30 * 86_400,
-    "RETENTION_DAYS": 36_500,
-    "DRAIN_SECONDS": 3_600,
-    "DISPATCH_COALESCE_SECONDS": 60,
-    "BATCH_SIZE": 100_000,
-    "PURGE_BATCH_SIZE": 1_000_000,
-    "MAX_ATTEMPTS": 1_000_000,
-}
+@dataclass(frozen=True)
+class PartSettings:
+    """A section with only engine keys so far (``INBOX``, ``JOBS``)."""
+
+    engine: EngineSettings
 
 
-def _number(raw: Mapping[str, Any], key: str, kind: type, *, minimum: float, path: str) -> Any:
-    value = raw.get(key, DEFAULTS.get(key))
+@dataclass(frozen=True)
+class Settings:
+    """The validated ``DJANGO_OUTBOX`` setting."""
+
+    dispatch: DispatchMode
+    dispatch_in_background: bool
+    dispatch_coalesce_seconds: float
+    notify_channel: str
+    heartbeat_seconds: float
+    worker_timeout_seconds: float
+    outbox: OutboxSettings
+    inbox: PartSettings
+    jobs: PartSettings
+
+    def engine(self, part: str) -> EngineSettings:
+        """The engine settings of *part* (``"outbox"``, ``"inbox"``, ``"jobs"``)."""
+        section: OutboxSettings | PartSettings = getattr(self, part)
+        return section.engine
+
+
+def suggest(name: Any, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of *known*, or ``""``."""
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _number(raw: Mapping[str, Any], key: str, default: Any, path: str) -> Any:
+    value = raw.get(key, default)
+    where = f"{path}[{key!r}]"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{path}{key} must be a number, got {value!r}")
+        raise ConfigurationError(f"{where} must be a number, got {value!r}")
     if not math.isfinite(value):
-        raise ConfigurationError(f"{path}{key} must be a finite number, got {value!r}")
+        raise ConfigurationError(f"{where} must be a finite number, got {value!r}")
     if key in MAXIMUMS and value > MAXIMUMS[key]:
-        raise ConfigurationError(f"{path}{key} must be <= {MAXIMUMS[key]:g}, got {value!r}")
-    if kind is int and not isinstance(value, int):
-        raise ConfigurationError(f"{path}{key} must be an integer, got {value!r}")
+        raise ConfigurationError(f"{where} must be <= {MAXIMUMS[key]:g}, got {value!r}")
+    integer = key in _INTEGER_KEYS
+    if integer and not isinstance(value, int):
+        raise ConfigurationError(f"{where} must be an integer, got {value!r}")
+    minimum = MINIMUMS.get(key, 0)
     if value < minimum:
-        raise ConfigurationError(f"{path}{key} must be >= {minimum}, got {value!r}")
-    return kind(value)
+        raise ConfigurationError(f"{where} must be >= {minimum:g}, got {value!r}")
+    return int(value) if integer else float(value)
 
 
 def _choice(value: Any, choices: tuple[str, ...], where: str) -> str:
@@ -140,8 +226,38 @@ def _choice(value: Any, choices: tuple[str, ...], where: str) -> str:
     return cast(str, value)
 
 
+def _check_keys(raw: Mapping[str, Any], allowed: Iterable[str], path: str) -> None:
+    allowed = set(allowed)
+    for key in raw:
+        if key in allowed:
+            continue
+        if key in MOVED_KEYS and path == SETTING_NAME:
+            raise ConfigurationError(f"{path}[{key!r}] is no longer read: {MOVED_KEYS[key]}")
+        raise ConfigurationError(
+            f"{path} has an unknown key {key!r}{suggest(key, allowed)}; "
+            f"known keys: {', '.join(sorted(allowed))}"
+        )
+
+
+def _engine(raw: Mapping[str, Any], defaults: EngineSettings, path: str) -> EngineSettings:
+    values = {
+        key.lower(): _number(raw, key, getattr(defaults, key.lower()), path)
+        for key in ENGINE_DEFAULTS
+    }
+    return EngineSettings(**values)
+
+
+def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = raw.get(name, {})
+    path = f"{SETTING_NAME}[{name!r}]"
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"{path} must be a dict, got {type(value).__name__}")
+    _check_keys(value, {*ENGINE_DEFAULTS, *SECTION_DEFAULTS[name]}, path)
+    return value
+
+
 def _destination(name: Any, raw: Any, default_attempts: int) -> Destination:
-    path = f"{SETTING_NAME}['DESTINATIONS'][{name!r}]"
+    path = f"{SETTING_NAME}['OUTBOX']['DESTINATIONS'][{name!r}]"
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"{path}: destination names must be non-empty strings")
     if len(name) > 100:
@@ -156,13 +272,7 @@ def _destination(name: Any, raw: Any, default_attempts: int) -> Destination:
             "or a dotted path to a Transport class"
         )
     uncertain = _choice(raw.get("UNCERTAIN", "resend"), UNCERTAIN_POLICIES, f"{path}['UNCERTAIN']")
-    attempts = _number(
-        {"MAX_ATTEMPTS": raw.get("MAX_ATTEMPTS", default_attempts)},
-        "MAX_ATTEMPTS",
-        int,
-        minimum=1,
-        path=f"{path}",
-    )
+    attempts = _number(raw, "MAX_ATTEMPTS", default_attempts, path)
     options = {k.lower(): v for k, v in raw.items() if k not in _DESTINATION_KEYS}
     return Destination(
         name=name,
@@ -173,62 +283,78 @@ def _destination(name: Any, raw: Any, default_attempts: int) -> Destination:
     )
 
 
-def load(raw: Any) -> OutboxSettings:
+def _outbox(raw: Mapping[str, Any], base: EngineSettings) -> OutboxSettings:
+    section = _section(raw, "OUTBOX")
+    path = f"{SETTING_NAME}['OUTBOX']"
+    engine = _engine(section, base, path)
+    raw_destinations = section.get("DESTINATIONS", {})
+    if not isinstance(raw_destinations, Mapping):
+        raise ConfigurationError(f"{path}['DESTINATIONS'] must be a dict")
+    destinations = {
+        name: _destination(name, value, engine.max_attempts)
+        for name, value in raw_destinations.items()
+    }
+    return OutboxSettings(
+        engine=engine,
+        destinations=destinations,
+        max_payload_bytes=_number(
+            section, "MAX_PAYLOAD_BYTES", SECTION_DEFAULTS["OUTBOX"]["MAX_PAYLOAD_BYTES"], path
+        ),
+    )
+
+
+def load(raw: Any) -> Settings:
     """Validate a raw ``DJANGO_OUTBOX`` value; raise ``ConfigurationError`` if wrong."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigurationError(f"{SETTING_NAME} must be a dict, got {type(raw).__name__}")
-    unknown = set(raw) - set(DEFAULTS) - {"DESTINATIONS"}
-    if unknown:
-        raise ConfigurationError(
-            f"{SETTING_NAME} has unknown keys: {', '.join(sorted(map(str, unknown)))}"
-        )
-    path = f"{SETTING_NAME}"
-    max_attempts = _number(raw, "MAX_ATTEMPTS", int, minimum=1, path=f"{path}: ")
-    raw_destinations = raw.get("DESTINATIONS", {})
-    if not isinstance(raw_destinations, Mapping):
-        raise ConfigurationError(f"{SETTING_NAME}['DESTINATIONS'] must be a dict")
-    destinations = {
-        name: _destination(name, value, max_attempts) for name, value in raw_destinations.items()
-    }
-    queue = raw.get("DELIVER_TASK_QUEUE", DEFAULTS["DELIVER_TASK_QUEUE"])
-    if queue is not None and not isinstance(queue, str):
-        raise ConfigurationError(f"{SETTING_NAME}['DELIVER_TASK_QUEUE'] must be a string or None")
-    channel = raw.get("NOTIFY_CHANNEL", DEFAULTS["NOTIFY_CHANNEL"])
+    _check_keys(raw, {*SHARED_DEFAULTS, *ENGINE_DEFAULTS, *SECTION_DEFAULTS}, SETTING_NAME)
+    base = _engine(raw, EngineSettings(), SETTING_NAME)
+    channel = raw.get("NOTIFY_CHANNEL", SHARED_DEFAULTS["NOTIFY_CHANNEL"])
     if not isinstance(channel, str) or not channel.isidentifier():
         raise ConfigurationError(f"{SETTING_NAME}['NOTIFY_CHANNEL'] must be an identifier")
-    in_background = raw.get("DISPATCH_IN_BACKGROUND", DEFAULTS["DISPATCH_IN_BACKGROUND"])
+    in_background = raw.get("DISPATCH_IN_BACKGROUND", SHARED_DEFAULTS["DISPATCH_IN_BACKGROUND"])
     if not isinstance(in_background, bool):
         raise ConfigurationError(f"{SETTING_NAME}['DISPATCH_IN_BACKGROUND'] must be True or False")
     dispatch = _choice(
-        raw.get("DISPATCH", DEFAULTS["DISPATCH"]), DISPATCH_MODES, f"{SETTING_NAME}['DISPATCH']"
+        raw.get("DISPATCH", SHARED_DEFAULTS["DISPATCH"]),
+        DISPATCH_MODES,
+        f"{SETTING_NAME}['DISPATCH']",
     )
-    return OutboxSettings(
-        destinations=destinations,
-        max_payload_bytes=_number(raw, "MAX_PAYLOAD_BYTES", int, minimum=1, path=f"{path}: "),
-        batch_size=_number(raw, "BATCH_SIZE", int, minimum=1, path=f"{path}: "),
-        lease_seconds=_number(raw, "LEASE_SECONDS", float, minimum=0.1, path=f"{path}: "),
-        retry_base_seconds=_number(raw, "RETRY_BASE_SECONDS", float, minimum=0, path=f"{path}: "),
-        retry_max_seconds=_number(raw, "RETRY_MAX_SECONDS", float, minimum=0, path=f"{path}: "),
-        max_attempts=max_attempts,
-        retention_days=_number(raw, "RETENTION_DAYS", float, minimum=0, path=f"{path}: "),
-        purge_batch_size=_number(raw, "PURGE_BATCH_SIZE", int, minimum=1, path=f"{path}: "),
+
+    def shared(key: str) -> Any:
+        return _number(raw, key, SHARED_DEFAULTS[key], SETTING_NAME)
+
+    heartbeat, timeout = shared("HEARTBEAT_SECONDS"), shared("WORKER_TIMEOUT_SECONDS")
+    if timeout < 2 * heartbeat:
+        raise ConfigurationError(
+            f"{SETTING_NAME}['WORKER_TIMEOUT_SECONDS'] ({timeout:g}) must be at least twice "
+            f"HEARTBEAT_SECONDS ({heartbeat:g}): one late heartbeat must not declare a live "
+            "worker dead"
+        )
+    return Settings(
         dispatch=cast(DispatchMode, dispatch),
         dispatch_in_background=in_background,
-        dispatch_coalesce_seconds=_number(
-            raw, "DISPATCH_COALESCE_SECONDS", float, minimum=0, path=f"{path}: "
-        ),
-        deliver_task_queue=queue,
-        drain_seconds=_number(raw, "DRAIN_SECONDS", float, minimum=0, path=f"{path}: "),
+        dispatch_coalesce_seconds=shared("DISPATCH_COALESCE_SECONDS"),
         notify_channel=channel,
+        heartbeat_seconds=heartbeat,
+        worker_timeout_seconds=timeout,
+        outbox=_outbox(raw, base),
+        inbox=PartSettings(
+            engine=_engine(_section(raw, "INBOX"), base, f"{SETTING_NAME}['INBOX']")
+        ),
+        jobs=PartSettings(engine=_engine(_section(raw, "JOBS"), base, f"{SETTING_NAME}['JOBS']")),
     )
 
 
-_cached: OutboxSettings | None = None
+_cached: Settings | None = None
+
+#: Sent when ``DJANGO_OUTBOX`` changed (tests): parts drop what they built from it.
+settings_changed = Signal()
 
 
-def get_settings() -> OutboxSettings:
+def get_settings() -> Settings:
     """Return the current validated settings (cached until settings change)."""
     global _cached
     if _cached is None:
@@ -236,11 +362,14 @@ def get_settings() -> OutboxSettings:
     return _cached
 
 
+def on_change(callback: Callable[[], Any]) -> None:
+    """Call *callback* whenever ``DJANGO_OUTBOX`` changes (keeps conf free of part imports)."""
+    settings_changed.connect(lambda **kwargs: callback(), weak=False)
+
+
 @receiver(setting_changed)
 def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
     global _cached
     if setting == SETTING_NAME:
         _cached = None
-        from django_outbox.outbox.transports import registry
-
-        registry.close_all()
+        settings_changed.send(sender=Settings)

@@ -1,29 +1,42 @@
 """Celery tasks: thin wrappers over the relay and the maintenance sweeps.
 
-Task names are stable and public (beat schedules and routes refer to them).
+Task names are stable and public (beat schedules and ``task_routes`` refer
+to them). A worker process that runs them keeps a heartbeat, so if it dies
+the rows it held are rescued within seconds (see ``engine.heartbeat``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.db import DEFAULT_DB_ALIAS
 
+from django_outbox.engine import heartbeat
 
-@shared_task(name="django_outbox.deliver_messages", ignore_result=True)
-def deliver_messages(ids: list[int], using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:
-    """On-commit trigger: deliver *ids*, then drain what else is due."""
+
+def _in_a_worker(task: Task) -> None:  # type: ignore[type-arg]
+    """Start this worker process's heartbeat (not for eager or direct calls)."""
+    request = task.request
+    if not request.called_directly and not request.is_eager:
+        heartbeat.start("celery")
+
+
+@shared_task(name="django_outbox.deliver_messages", ignore_result=True, bind=True)
+def deliver_messages(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:  # type: ignore[type-arg]
+    """On-commit trigger: deliver *ids*, then drain what else is due (empty: just drain)."""
     from django_outbox.outbox.relay import Relay
 
+    _in_a_worker(self)
     return Relay(using=using).deliver(ids).as_dict()
 
 
-@shared_task(name="django_outbox.sweep_outbox", ignore_result=True)
-def sweep_outbox(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
-    """Beat: rescue expired leases, then deliver everything due."""
+@shared_task(name="django_outbox.sweep_outbox", ignore_result=True, bind=True)
+def sweep_outbox(self: Task, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Beat: rescue dead workers' rows and expired leases, then deliver everything due."""
     from django_outbox.outbox.maintenance import sweep
 
+    _in_a_worker(self)
     return sweep(using=using)
 
 

@@ -68,7 +68,9 @@ def assert_message_recorded(
 
 def deliver_now(*, using: str = DEFAULT_DB_ALIAS) -> RelayResult:
     """Publish everything due right now, in this thread (what the Celery task would do)."""
-    return Relay(using=using).drain(time_budget=60)
+    result = Relay(using=using).drain(time_budget=60)
+    assert isinstance(result, RelayResult)
+    return result
 
 
 def published(destination: str = "default") -> list[Envelope]:

@@ -19,9 +19,11 @@ from tests import services
 ROOT = Path(__file__).resolve().parent.parent
 
 BASE_OUTBOX: dict[str, Any] = {
-    "DESTINATIONS": {
-        "default": {"TRANSPORT": "memory"},
-        "held": {"TRANSPORT": "memory", "UNCERTAIN": "hold"},
+    "OUTBOX": {
+        "DESTINATIONS": {
+            "default": {"TRANSPORT": "memory"},
+            "held": {"TRANSPORT": "memory", "UNCERTAIN": "hold"},
+        },
     },
     "DISPATCH": "none",
     "BATCH_SIZE": 100,
@@ -29,6 +31,10 @@ BASE_OUTBOX: dict[str, Any] = {
     "RETRY_MAX_SECONDS": 60.0,
     "MAX_ATTEMPTS": 5,
 }
+
+
+#: Keys ``configure_outbox`` puts in the ``OUTBOX`` section.
+OUTBOX_SECTION_KEYS = frozenset({"DESTINATIONS", "MAX_PAYLOAD_BYTES"})
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
@@ -59,7 +65,12 @@ def configure_outbox(settings: Any) -> Callable[..., dict[str, Any]]:
     """Replace parts of ``DJANGO_OUTBOX``: ``configure_outbox(DESTINATIONS={...}, ...)``."""
 
     def apply(**overrides: Any) -> dict[str, Any]:
-        value = {**json.loads(json.dumps(BASE_OUTBOX)), **overrides}
+        value = json.loads(json.dumps(BASE_OUTBOX))
+        for key, setting in overrides.items():
+            if key in OUTBOX_SECTION_KEYS:  # the outbox's own keys live in its section
+                value["OUTBOX"][key] = setting
+            else:
+                value[key] = setting
         settings.DJANGO_OUTBOX = value
         return value
 

@@ -1,30 +1,53 @@
-"""Claiming rows under a lease and recording outcomes with fencing."""
+"""Claiming rows under a lease and recording outcomes with fencing.
+
+A lease is written with the database's clock (``locked_until = now() +
+LEASE_SECONDS``) and carries a fresh token; every write of an outcome matches
+on that token, and a rescue clears it, so a holder whose lease was taken over
+changes nothing. The claimer's worker id (``claimed_by``) lets a dead
+worker's rows be rescued as soon as its heartbeat stops.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import models, transaction
 from django.db.models import Case, F, Value, When
 
+from django_outbox.engine import clock
+
 M = TypeVar("M", bound=models.Model)
+
+#: Rows per UPDATE when outcomes differ row by row: a bounded statement (about
+#: a dozen parameters a row) whatever BATCH_SIZE is.
+UPDATE_CHUNK = 1000
 
 
 @dataclass(frozen=True)
 class Lease:
-    """A claim on rows until ``until``; ``token`` fences late writers out."""
+    """A claim on rows for ``seconds``; ``token`` fences late writers out."""
 
     token: uuid.UUID
-    until: datetime
+    seconds: float
+    #: The claiming worker (``None`` for a process without a heartbeat).
+    worker: uuid.UUID | None = None
+    #: ``time.monotonic()`` when it was taken: local budgets only, never stored.
+    taken: float = dataclasses.field(default_factory=time.monotonic)
 
     @classmethod
-    def new(cls, now: datetime, seconds: float) -> Lease:
-        """A fresh lease starting at *now* lasting *seconds*."""
-        return cls(token=uuid.uuid4(), until=now + timedelta(seconds=seconds))
+    def new(cls, seconds: float, worker: uuid.UUID | None = None) -> Lease:
+        """A fresh lease lasting *seconds*, held by *worker*."""
+        return cls(token=uuid.uuid4(), seconds=seconds, worker=worker)
+
+    def deadline(self, margin: float = 0.2) -> float:
+        """Monotonic time after which no new step should start: the lease's end less
+        *margin* (a fraction of its length) kept for recording the outcomes."""
+        return self.taken + self.seconds * (1 - margin)
 
 
 def claim(
@@ -34,6 +57,7 @@ def claim(
     limit: int,
     running_state: str,
     fields: Sequence[str] | None = None,
+    now: clock.Instant | None = None,
 ) -> list[M]:
     """Claim up to *limit* rows of *queryset* under *lease* and return them.
 
@@ -45,14 +69,25 @@ def claim(
     *fields* limits the columns read back (the rest are deferred; the lease
     fields are always set). Runs its own transaction where it needs one.
     """
+    until = clock.later(now if now is not None else clock.now(), lease.seconds)
     connection = transaction.get_connection(queryset.db)
     if connection.vendor == "postgresql":
         return _claim_returning(
-            queryset, lease=lease, limit=limit, running_state=running_state, fields=fields
+            queryset,
+            lease=lease,
+            until=until,
+            limit=limit,
+            running_state=running_state,
+            fields=fields,
         )
     with transaction.atomic(using=queryset.db):
         return _claim_select_then_update(
-            queryset, lease=lease, limit=limit, running_state=running_state, fields=fields
+            queryset,
+            lease=lease,
+            until=until,
+            limit=limit,
+            running_state=running_state,
+            fields=fields,
         )
 
 
@@ -60,6 +95,7 @@ def _claim_select_then_update(
     queryset: models.QuerySet[M],
     *,
     lease: Lease,
+    until: clock.Instant,
     limit: int,
     running_state: str,
     fields: Sequence[str] | None,
@@ -84,8 +120,9 @@ def _claim_select_then_update(
         target = queryset.filter(pk__in=ids)
     updated = target.update(
         state=running_state,
-        locked_until=lease.until,
+        locked_until=until,
         lock_token=lease.token,
+        claimed_by=lease.worker,
         attempts=F("attempts") + 1,
     )
     if updated != len(rows):
@@ -96,8 +133,8 @@ def _claim_select_then_update(
         )
     for row in rows:
         row.state = running_state  # type: ignore[attr-defined]
-        row.locked_until = lease.until  # type: ignore[attr-defined]
         row.lock_token = lease.token  # type: ignore[attr-defined]
+        row.claimed_by = lease.worker  # type: ignore[attr-defined]
         row.attempts += 1  # type: ignore[attr-defined]
     return rows
 
@@ -106,6 +143,7 @@ def _claim_returning(
     queryset: models.QuerySet[M],
     *,
     lease: Lease,
+    until: clock.Instant,
     limit: int,
     running_state: str,
     fields: Sequence[str] | None,
@@ -125,18 +163,21 @@ def _claim_returning(
     subquery = queryset.values("pk")[:limit].query
     select_sql, select_params = subquery.get_compiler(using=queryset.db).as_sql()
     select_sql += " FOR UPDATE SKIP LOCKED"
-    wanted = [f for f in (meta.concrete_fields if fields is None else map(meta.get_field, fields))]
-    columns = ", ".join(q(f.column) for f in wanted)  # type: ignore[union-attr]
+    # In the model's field order: Model.from_db() reads deferred rows positionally.
+    wanted = [f for f in meta.concrete_fields if fields is None or f.attname in fields]
+    columns = ", ".join(q(f.column) for f in wanted)
+    until_sql, until_params = clock.sql_for(until, queryset)
     sql = (
-        f"UPDATE {q(meta.db_table)} SET {q('state')} = %s, {q('locked_until')} = %s, "
-        f"{q('lock_token')} = %s, {q('attempts')} = {q('attempts')} + 1 "
+        f"UPDATE {q(meta.db_table)} SET {q('state')} = %s, {q('locked_until')} = {until_sql}, "
+        f"{q('lock_token')} = %s, {q('claimed_by')} = %s, "
+        f"{q('attempts')} = {q('attempts')} + 1 "
         f"WHERE {pk_column} IN ({select_sql}) RETURNING {columns}"
     )
-    params = (running_state, lease.until, lease.token, *select_params)
+    params = (running_state, *until_params, lease.token, lease.worker, *select_params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         records = cursor.fetchall()
-    names = [f.attname for f in wanted]  # type: ignore[union-attr]
+    names = [f.attname for f in wanted]
     converters = [(i, f) for i, f in enumerate(wanted) if hasattr(f, "from_db_value")]
     rows = []
     for record in records:
@@ -152,7 +193,7 @@ def _claim_returning(
             values[i] = field.from_db_value(values[i], None, connection)
         row = model.from_db(queryset.db, names, values)
         row.__dict__.update(
-            raw, state=running_state, locked_until=lease.until, lock_token=lease.token
+            raw, state=running_state, lock_token=lease.token, claimed_by=lease.worker
         )
         rows.append(row)
     return rows
@@ -184,21 +225,55 @@ def fenced(model: type[M], lease: Lease, running_state: str, using: str) -> mode
 
 
 def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, Any]]) -> int:
-    """Set per-row field values (``{pk: {field: value}}``) in one UPDATE.
+    """Set per-row field values (``{pk: {field: value or expression}}``).
 
-    Only rows that *queryset* still matches are changed; returns how many.
+    Rows whose changes are identical share one UPDATE; the rest go in
+    ``CASE`` statements of at most ``UPDATE_CHUNK`` rows, so no statement
+    outgrows the database's parameter limit. Only rows that *queryset* still
+    matches are changed; returns how many. Callers wrap it in a transaction.
     """
-    if not values:
-        return 0
+    groups: dict[tuple[tuple[str, Any], ...], list[Any]] = {}
+    singles: dict[Any, Mapping[str, Any]] = {}
+    for pk, row in values.items():
+        try:
+            signature = tuple(sorted(row.items()))
+            hash(signature)
+        except TypeError:  # an expression: cannot be compared, give it a CASE of its own
+            singles[pk] = row
+            continue
+        groups.setdefault(signature, []).append(pk)
+    updated = 0
+    for signature, ids in groups.items():
+        if len(ids) == 1:
+            singles[ids[0]] = dict(signature)
+            continue
+        for start in range(0, len(ids), UPDATE_CHUNK * 10):
+            updated += with_ids(queryset, ids[start : start + UPDATE_CHUNK * 10]).update(
+                **dict(signature)
+            )
+    pks = list(singles)
+    for start in range(0, len(pks), UPDATE_CHUNK):
+        chunk = {pk: singles[pk] for pk in pks[start : start + UPDATE_CHUNK]}
+        updated += _update_case(queryset, chunk)
+    return updated
+
+
+def _update_case(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, Any]]) -> int:
     fields = sorted({name for row in values.values() for name in row})
     model = queryset.model
     assignments: dict[str, Any] = {}
     for name in fields:
         output = model._meta.get_field(name)
         whens = [
-            When(pk=pk, then=Value(row[name], output_field=output))  # type: ignore[arg-type]
+            When(pk=pk, then=_as_expression(row[name], output))
             for pk, row in values.items()
             if name in row
         ]
         assignments[name] = Case(*whens, default=F(name), output_field=output)  # type: ignore[arg-type]
     return with_ids(queryset, list(values)).update(**assignments)
+
+
+def _as_expression(value: Any, output: Any) -> Any:
+    if hasattr(value, "resolve_expression"):
+        return value
+    return Value(value, output_field=output)

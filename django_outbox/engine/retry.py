@@ -1,4 +1,11 @@
-"""Retrying statements the database aborted to break a deadlock."""
+"""Retrying statements the database aborted (deadlock victims) or lost (dropped connections).
+
+Every statement the engine retries is safe to repeat: a claim is one
+statement or one transaction, rolled back whole when it fails, and every
+recording is fenced by the lease token. Recording again on a new connection
+is what keeps a batch that was published from waiting out its lease (and
+being published again) when the connection dies between publish and record.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError, connections
 
 T = TypeVar("T")
 
@@ -17,6 +24,8 @@ logger = logging.getLogger("django_outbox.engine")
 _RETRY_SQLSTATES = frozenset({"40P01", "40001"})
 #: MySQL/MariaDB: deadlock found, lock wait timeout.
 _RETRY_MYSQL_CODES = frozenset({1213, 1205})
+#: Pauses before each new try on a fresh connection (seconds).
+RECONNECT_PAUSES = (0.0, 0.05, 0.2, 0.5, 1.0)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -28,16 +37,51 @@ def is_transient(exc: BaseException) -> bool:
     return bool(args) and args[0] in _RETRY_MYSQL_CODES
 
 
-def retry_transient(operation: Callable[[], T], *, attempts: int = 3, what: str = "") -> T:
-    """Run *operation*, again after a short pause if the database aborted it as a
-    deadlock victim. *operation* must be safe to repeat (fenced, or a whole
-    transaction that was rolled back)."""
-    for attempt in range(1, attempts + 1):
+def connection_lost(using: str) -> bool:
+    """Whether the connection *using* is gone (and may be replaced: no transaction open)."""
+    connection = connections[using]
+    if connection.in_atomic_block:
+        return False  # the caller's transaction is lost with it: theirs to handle
+    if connection.connection is None:
+        return True
+    try:
+        return not connection.is_usable()
+    except Exception:
+        return True
+
+
+def retry_transient(
+    operation: Callable[[], T],
+    *,
+    attempts: int = 3,
+    what: str = "",
+    reconnect: str | None = None,
+) -> T:
+    """Run *operation*; again after a short pause if the database aborted it as a
+    deadlock victim, and, with *reconnect* (a database alias), on a new connection
+    if the connection was lost. *operation* must be safe to repeat."""
+    deadlocks = 0
+    reconnects = 0
+    while True:
         try:
             return operation()
-        except OperationalError as exc:
-            if attempt == attempts or not is_transient(exc):
+        except (OperationalError, InterfaceError) as exc:
+            if is_transient(exc) and deadlocks + 1 < attempts:
+                deadlocks += 1
+                logger.info(
+                    "%s: %s; retrying (%d/%d)", what or "statement", exc, deadlocks, attempts
+                )
+                time.sleep(0.01 * deadlocks)
+                continue
+            if reconnect is None or reconnects >= len(RECONNECT_PAUSES):
                 raise
-            logger.info("%s: %s; retrying (%d/%d)", what or "statement", exc, attempt, attempts)
-            time.sleep(0.01 * attempt)
-    raise AssertionError("unreachable")
+            if not connection_lost(reconnect):
+                raise
+            logger.warning(
+                "%s: database connection lost (%s); retrying on a new connection",
+                what or "statement",
+                exc,
+            )
+            connections[reconnect].close()
+            time.sleep(RECONNECT_PAUSES[reconnects])
+            reconnects += 1

@@ -8,7 +8,9 @@ from datetime import datetime
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
-from django.utils import timezone
+
+from django_outbox.engine import clock
+from django_outbox.engine.models import EngineRow
 
 
 class OutboxState(models.TextChoices):
@@ -40,13 +42,14 @@ CANCELLABLE_STATES = (OutboxState.SHOULD_BE_SENT, OutboxState.SEND_ERROR)
 class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
     """Selections and operator transitions over outgoing messages."""
 
-    def due(self, now: datetime) -> OutboxMessageQuerySet:
-        """Messages waiting to be sent whose ``available_at`` has passed."""
-        return self.filter(state=OutboxState.SHOULD_BE_SENT, available_at__lte=now)
+    def due(self, now: datetime | None = None) -> OutboxMessageQuerySet:
+        """Messages waiting to be sent whose ``available_at`` has passed (database clock
+        unless *now* pins it)."""
+        return self.filter(state=OutboxState.SHOULD_BE_SENT, available_at__lte=clock.now(now))
 
-    def stuck(self, now: datetime) -> OutboxMessageQuerySet:
+    def stuck(self, now: datetime | None = None) -> OutboxMessageQuerySet:
         """Messages in ``sending`` whose lease expired (their sender died)."""
-        return self.filter(state=OutboxState.SENDING, locked_until__lt=now)
+        return self.filter(state=OutboxState.SENDING, locked_until__lt=clock.now(now))
 
     def purgeable(self, before: datetime) -> OutboxMessageQuerySet:
         """Finished messages (sent, cancelled) that finished before *before*."""
@@ -57,23 +60,25 @@ class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
         return self.filter(state__in=REQUEUEABLE_STATES).update(
             state=OutboxState.SHOULD_BE_SENT,
             attempts=0,
-            available_at=now or timezone.now(),
+            available_at=clock.now(now),
             uncertain=False,
             locked_until=None,
             lock_token=None,
+            claimed_by=None,
         )
 
     def cancel(self, now: datetime | None = None) -> int:
         """Cancel messages that are not being sent and not finished."""
         return self.filter(state__in=CANCELLABLE_STATES).update(
             state=OutboxState.CANCELLED,
-            finished_at=now or timezone.now(),
+            finished_at=clock.now(now),
             locked_until=None,
             lock_token=None,
+            claimed_by=None,
         )
 
 
-class OutboxMessage(models.Model):
+class OutboxMessage(EngineRow):
     """One outgoing message, inserted in the caller's transaction by ``send()``."""
 
     id = models.BigAutoField(primary_key=True)
@@ -94,17 +99,10 @@ class OutboxMessage(models.Model):
     state = models.CharField(
         max_length=20, choices=OutboxState.choices, default=OutboxState.SHOULD_BE_SENT
     )
-    attempts = models.PositiveIntegerField(default=0)
-    available_at = models.DateTimeField(default=timezone.now)
-    locked_until = models.DateTimeField(null=True, blank=True)
-    lock_token = models.UUIDField(null=True, blank=True, help_text="Fencing token of the lease.")
-    last_error = models.TextField(blank=True, default="")
     uncertain = models.BooleanField(
         default=False, help_text="The sender died mid-publish: it may or may not have arrived."
     )
-    created_at = models.DateTimeField(default=timezone.now)
     sent_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = OutboxMessageQuerySet.as_manager()
 
@@ -130,6 +128,10 @@ class OutboxMessage(models.Model):
             # Recording outcomes finds a batch by its lease token.
             models.Index(
                 fields=("lock_token",), condition=Q(state="sending"), name="outbox_msg_token_idx"
+            ),
+            # Rescue of a dead worker's rows.
+            models.Index(
+                fields=("claimed_by",), condition=Q(state="sending"), name="outbox_msg_worker_idx"
             ),
             # Ordering check: is an earlier message of this key unfinished?
             models.Index(

@@ -50,8 +50,24 @@ def start_worker():
         stop(process)
 
 
+@pytest.fixture
+def route_outbox_tasks(monkeypatch):
+    """Route the django_outbox.* tasks to a queue, as a project does with task_routes."""
+    from celery import current_app
+    from celery.app.routes import Router, prepare
+
+    app = current_app._get_current_object()
+
+    def route(queue):
+        routes = prepare({"django_outbox.*": {"queue": queue}})
+        router = Router(routes, app.amqp.queues, create_missing=True, app=app)
+        monkeypatch.setattr(app.amqp, "router", router)
+
+    return route
+
+
 def test_worker_delivers_committed_messages_and_nothing_rolled_back(
-    configure_outbox, amqp_url, redis_url, queue_name, start_worker
+    configure_outbox, amqp_url, redis_url, queue_name, start_worker, route_outbox_tasks
 ):
     configure_outbox(
         DESTINATIONS={
@@ -59,9 +75,9 @@ def test_worker_delivers_committed_messages_and_nothing_rolled_back(
             "redis": {"TRANSPORT": "kombu", "URL": redis_url, "QUEUE": queue_name},
         },
         DISPATCH="celery",
-        # A queue of its own: stale triggers from other runs cannot delay this one.
-        DELIVER_TASK_QUEUE=queue_name,
     )
+    # A queue of its own: stale triggers from other runs cannot delay this one.
+    route_outbox_tasks(queue_name)
     start_worker(queue_name)
     with Connection(amqp_url) as connection:
         connection.SimpleQueue(queue_name).close()

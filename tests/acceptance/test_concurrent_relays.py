@@ -37,7 +37,7 @@ def test_four_relays_publish_each_message_exactly_once(configure_outbox, redis_u
         for n in range(MESSAGES)
     )
     relays = [
-        spawn_manage("outbox_relay", "--until-empty", "--batch", "50", "--no-listen")
+        spawn_manage("outbox_relay", "--json", "--until-empty", "--batch", "50", "--no-listen")
         for _ in range(RELAYS)
     ]
     outputs = [p.communicate(timeout=120)[0] for p in relays]

@@ -21,7 +21,7 @@ def sent(message):
 def test_relay_wakes_on_notify_and_stops_cleanly_on_sigterm(configure_outbox):
     configure_outbox(DISPATCH="notify")
     first = django_outbox.send("warm-up", {})
-    relay = spawn_manage("outbox_relay", "--interval", "60")
+    relay = spawn_manage("outbox_relay", "--json", "--interval", "60")
     try:
         wait_for(lambda: sent(first), timeout=30, what="the relay to start and drain")
         time.sleep(0.5)  # it is now waiting on LISTEN, next poll in a minute

@@ -206,7 +206,7 @@ def run_send_vs_delay_on_commit(transactions: int) -> tuple[float, float]:
     for _ in range(rounds):
         send_rates.append(rate(with_send, transactions // rounds))
         delay_rates.append(rate(with_delay, transactions // rounds))
-    from django_outbox.outbox import dispatch
+    from django_outbox.engine import triggers as dispatch
 
     dispatch.flush()
     result = statistics.median(send_rates), statistics.median(delay_rates)

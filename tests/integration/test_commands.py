@@ -26,7 +26,7 @@ def run(*args):
 def test_outbox_relay_until_empty_delivers_everything():
     for n in range(25):
         django_outbox.send("t", {"n": n})
-    out = run("outbox_relay", "--until-empty", "--batch", "10", "--interval", "0")
+    out = run("outbox_relay", "--json", "--until-empty", "--batch", "10", "--interval", "0")
     assert json.loads(out.strip().splitlines()[-1])["sent"] == 25
     assert len(mailbox["default"]) == 25
 
@@ -103,8 +103,8 @@ def test_requeue_requires_a_filter_and_valid_ids():
 def test_outbox_relay_survives_a_database_error(monkeypatch):
     from django.db import OperationalError
 
+    from django_outbox.engine.loop import WorkerLoop as RelayWorker
     from django_outbox.outbox.relay import Relay
-    from django_outbox.outbox.worker import RelayWorker
 
     django_outbox.send("t", {})
     real_drain = Relay.drain

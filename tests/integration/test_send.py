@@ -8,8 +8,8 @@ import pytest
 from django.db import transaction
 
 import django_outbox
+from django_outbox.engine import triggers as dispatch
 from django_outbox.models import OutboxMessage, OutboxState
-from django_outbox.outbox import dispatch
 from django_outbox.tasks import deliver_messages
 from testproject.shop.models import Order
 
@@ -115,7 +115,7 @@ def test_dispatch_in_the_committing_thread_when_background_is_off(configure_outb
         "apply_async",
         lambda args, **kw: threads.append(threading.current_thread()),
     )
-    dispatch.dispatch("default", [1])
+    dispatch.dispatch("outbox", "default", [1])
     assert threads == [threading.current_thread()]
 
 
@@ -126,9 +126,9 @@ def test_a_broker_failure_at_dispatch_is_logged_not_raised(configure_outbox, mon
         raise ConnectionRefusedError("broker down")
 
     monkeypatch.setattr(deliver_messages, "apply_async", broken)
-    dispatch.dispatch("default", [1, 2])
-    assert "could not dispatch 2 outbox message(s)" in caplog.text
-    assert "the sweep will deliver them" in caplog.text
+    dispatch.dispatch("outbox", "default", [1, 2])
+    assert "could not dispatch 2 outbox row(s)" in caplog.text
+    assert "the sweep will run them" in caplog.text
 
 
 def test_send_is_one_insert_in_the_callers_transaction(django_assert_num_queries):

@@ -60,7 +60,7 @@ class HttpTransport(Transport):
             )
         from django_outbox.conf import get_settings
 
-        config = get_settings()
+        config = get_settings().outbox.engine
         timeout = float(destination.options.get("timeout", 10.0))
         if timeout >= config.lease_seconds / 5:
             # The relay starts no request in the last fifth of a lease; one

@@ -8,6 +8,7 @@ import threading
 
 from django.utils.module_loading import import_string
 
+from django_outbox import conf
 from django_outbox.conf import Destination
 from django_outbox.exceptions import ConfigurationError
 from django_outbox.outbox.transports.base import Transport
@@ -57,3 +58,6 @@ def close_all() -> None:
                 with contextlib.suppress(Exception):  # closing is best effort
                     transport.close()
         _transports.clear()
+
+
+conf.on_change(close_all)

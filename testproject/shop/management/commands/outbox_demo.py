@@ -34,7 +34,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=180.0)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self.destination = settings.DJANGO_OUTBOX["DESTINATIONS"]["default"]
+        self.destination = settings.DJANGO_OUTBOX["OUTBOX"]["DESTINATIONS"]["default"]
         self.say(
             f"database: {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}, "
             f"Celery broker: {settings.CELERY_BROKER_URL}, "
@@ -91,7 +91,7 @@ class Command(BaseCommand):
 
     def start_worker(self, name: str, *, beat: bool) -> subprocess.Popen[bytes]:
         outbox = json.loads(json.dumps(settings.DJANGO_OUTBOX))
-        outbox["DESTINATIONS"]["default"] = {
+        outbox["OUTBOX"]["DESTINATIONS"]["default"] = {
             **self.destination,
             # Slow each publish a little so the kill lands mid-way.
             "TRANSPORT": "testproject.transports.SlowKombuTransport",

@@ -1,4 +1,4 @@
-"""A long-running relay loop for projects that run without Celery."""
+"""The long-running worker loop (``outbox_relay`` and its kin) and its NOTIFY waiter."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from django.db import DatabaseError, Error, connections
 
-from django_outbox.outbox.maintenance import rescue_stuck_messages
-from django_outbox.outbox.relay import Relay, RelayResult
+from django_outbox.engine import heartbeat, sweeps
+from django_outbox.engine.runner import Runner, RunResult
 
 logger = logging.getLogger("django_outbox.worker")
 
@@ -31,17 +31,21 @@ class Waiter:
 
 
 class PostgresWaiter(Waiter):
-    """Waits on ``LISTEN channel`` so a commit's ``pg_notify`` wakes the relay at once.
+    """Waits on ``LISTEN channel`` so a commit's ``pg_notify`` wakes the worker at once.
+
+    Only notifications for its part (the payload names it) or with no payload
+    wake it.
 
     If the listening connection drops (restart, failover), it falls back to
     sleeping and reconnects on the next wait: a lost connection only costs
     the wake-ups until then, never the relay.
     """
 
-    def __init__(self, stop: threading.Event, using: str, channel: str) -> None:
+    def __init__(self, stop: threading.Event, using: str, channel: str, part: str) -> None:
         super().__init__(stop)
         self.using = using
         self.channel = channel
+        self.part = part
         self.conn: Any = None
         self._connect()
 
@@ -73,8 +77,9 @@ class PostgresWaiter(Waiter):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                for _ in self.conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
-                    return
+                for notify in self.conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
+                    if notify.payload in ("", self.part):
+                        return
         except (psycopg.Error, DatabaseError) as exc:
             logger.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self.close()
@@ -87,21 +92,28 @@ class PostgresWaiter(Waiter):
                 conn.close()
 
 
-class RelayWorker:
-    """Drains the outbox, rescues expired leases every ``sweep_interval``, sleeps when idle."""
+class WorkerLoop:
+    """Drains a part, rescues expired leases every ``sweep_interval``, sleeps when idle.
+
+    While it runs, the process has a heartbeat (see ``engine.heartbeat``):
+    its claims carry its worker id, and if it dies its rows come back within
+    ``WORKER_TIMEOUT_SECONDS``.
+    """
 
     def __init__(
         self,
-        relay: Relay,
+        runner: Runner,
         *,
         interval: float = 1.0,
         sweep_interval: float = 10.0,
         until_empty: bool = False,
         max_batches: int | None = None,
         listen: bool = True,
-        report: Callable[[RelayResult], Any] | None = None,
+        report: Callable[[RunResult], Any] | None = None,
+        heartbeat: bool = True,
     ) -> None:
-        self.relay = relay
+        self.runner = runner
+        self.heartbeat = heartbeat
         self.interval = interval
         self.sweep_interval = sweep_interval
         self.until_empty = until_empty
@@ -118,33 +130,40 @@ class RelayWorker:
         self.stopping.set()
 
     def _waiter(self) -> Waiter:
-        using = self.relay.using
-        if self.listen and connections[using].vendor == "postgresql":
+        part = self.runner.part
+        if self.listen and connections[part.using].vendor == "postgresql":
             try:
-                return PostgresWaiter(self.stopping, using, self.relay.config.notify_channel)
+                return PostgresWaiter(
+                    self.stopping, part.using, part.settings.notify_channel, part.name
+                )
             except Exception:
                 logger.exception("LISTEN failed; polling every %ss instead", self.interval)
         return Waiter(self.stopping)
 
-    def run(self) -> RelayResult:
+    def run(self) -> RunResult:
         """Loop until stopped (or until nothing is due, with ``until_empty``)."""
-        total = RelayResult()
+        part = self.runner.part
+        total = self.runner.result_class()
+        if self.heartbeat:
+            heartbeat.start(part.name, part.using)
         waiter = self._waiter()
         next_sweep = 0.0
         try:
             while not self.stopping.is_set():
                 try:
                     if time.monotonic() >= next_sweep:
-                        rescue_stuck_messages(using=self.relay.using, config=self.relay.config)
+                        sweeps.rescue_stuck(part)
                         next_sweep = time.monotonic() + self.sweep_interval
                     left = None if self.max_batches is None else self.max_batches - total.batches
-                    result = self.relay.drain(max_batches=left)
+                    result = self.runner.drain(max_batches=left)
                 except Error:
-                    # A database restart or failover must not end the relay:
-                    # whatever it held is fenced and rescued after its lease.
+                    # A database restart or failover must not end the worker:
+                    # whatever it held is fenced and rescued.
                     self.errors += 1
-                    logger.exception("relay iteration failed; retrying in %ss", self.retry_delay)
-                    connections[self.relay.using].close()
+                    logger.exception(
+                        "%s iteration failed; retrying in %ss", part.name, self.retry_delay
+                    )
+                    connections[part.using].close()
                     self.stopping.wait(self.retry_delay)
                     continue
                 total += result
@@ -152,10 +171,12 @@ class RelayWorker:
                     self.report(result)
                 if self.max_batches is not None and total.batches >= self.max_batches:
                     break
-                if result.claimed < self.relay.batch_size:
+                if result.claimed < self.runner.batch_size:
                     if self.until_empty:
                         break
                     waiter.wait(max(self.interval, 0.05))  # an idle poll, not a busy loop
         finally:
             waiter.close()
+            if self.heartbeat:
+                heartbeat.stop()
         return total

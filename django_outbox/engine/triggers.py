@@ -1,11 +1,16 @@
-"""On-commit triggers: one dispatch per transaction, carrying all its message ids.
+"""On-commit triggers: one dispatch per transaction and part, carrying all its row ids.
+
+A part calls ``schedule(part, using, pk)`` for every row it inserts; after
+the transaction commits, one trigger wakes the part's runners as
+``DISPATCH`` says: ``celery`` sends the part's Celery task (through
+Celery's router, so ``task_routes`` apply), ``notify`` runs ``pg_notify(channel, part)``
+for the long-running workers, ``none`` leaves it to polling and the sweeps.
 
 With ``DISPATCH_IN_BACKGROUND`` (the default) the commit only hands the ids to
 a per-process daemon thread, which publishes the Celery trigger: the caller
 never waits on the broker, and triggers of transactions that commit while one
 is being published are merged into the next. If the process dies before the
-thread publishes, the rows are committed all the same and the recovery sweep
-delivers them.
+thread publishes, the rows are committed all the same and a sweep runs them.
 """
 
 from __future__ import annotations
@@ -20,90 +25,116 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections, transaction
+from django.utils.module_loading import import_string
 
 from django_outbox.conf import get_settings
 
 logger = logging.getLogger("django_outbox.dispatch")
 
-_ATTRIBUTE = "_django_outbox_trigger"
 #: Most ids one Celery trigger carries; a larger merge is split.
 MAX_IDS_PER_TRIGGER = 5000
 
+#: Dotted path of the Celery task that runs each part's batches, by part name.
+TASKS: dict[str, str] = {}
+
+
+def register_task(part: str, task_path: str) -> None:
+    """Name the Celery task a trigger of *part* sends: ``task.apply_async(([ids],),
+    {"using": alias})``; *task_path* is imported when the first trigger fires."""
+    TASKS[part] = task_path
+
 
 class Trigger:
-    """Collects the ids sent in one transaction and dispatches them once after commit.
+    """Collects the ids of one part inserted in one transaction; fires once after commit.
 
-    ``send()`` registers the same trigger with ``on_commit`` for every message,
-    so the trigger survives the rollback of a savepoint that registered it
-    first; it runs once, on the first call. Ids of rows rolled back with a
-    savepoint are harmless: the relay finds nothing to claim for them.
+    The same trigger is registered with ``on_commit`` for every row, so it
+    survives the rollback of a savepoint that registered it first; it runs
+    once, on the first call. Ids of rows rolled back with a savepoint are
+    harmless: the runner finds nothing to claim for them.
     """
 
-    __slots__ = ("fired", "ids", "using")
+    __slots__ = ("fired", "ids", "part", "using")
 
-    def __init__(self, using: str) -> None:
+    def __init__(self, part: str, using: str) -> None:
+        self.part = part
         self.using = using
-        self.ids: list[int] = []
+        self.ids: list[Any] = []
         self.fired = False
 
     def __call__(self) -> None:
         if self.fired:
             return
         self.fired = True
-        dispatch(self.using, self.ids)
+        dispatch(self.part, self.using, self.ids)
 
 
-def schedule(using: str, pk: int) -> None:
-    """Arrange for message *pk* to be dispatched when the current transaction commits."""
+def schedule(part: str, using: str, pk: Any) -> None:
+    """Arrange for row *pk* of *part* to be triggered when the current transaction commits."""
     connection = connections[using]
     if not connection.in_atomic_block:
-        dispatch(using, [pk])
+        dispatch(part, using, [pk])
         return
-    trigger: Trigger | None = getattr(connection, _ATTRIBUTE, None)
+    attribute = f"_django_outbox_trigger_{part}"
+    trigger: Trigger | None = getattr(connection, attribute, None)
     if trigger is None or trigger.fired:
-        trigger = Trigger(using)
-        setattr(connection, _ATTRIBUTE, trigger)
+        trigger = Trigger(part, using)
+        setattr(connection, attribute, trigger)
     trigger.ids.append(pk)
     transaction.on_commit(trigger, using=using)
 
 
-def dispatch(using: str, ids: Sequence[int]) -> None:
-    """Wake a relay for *ids* as ``DISPATCH`` says; never raises (the sweep is the backstop)."""
+def dispatch(part: str, using: str, ids: Sequence[Any]) -> None:
+    """Wake *part*'s runners for *ids* as ``DISPATCH`` says; never raises (sweeps are the
+    backstop). Empty *ids* means "drain what is due" (after a rescue)."""
     config = get_settings()
     if config.dispatch == "celery" and config.dispatch_in_background:
-        _background.submit(using, ids)
+        _background.submit(part, using, ids)
     else:
-        dispatch_now(using, ids)
+        dispatch_now(part, using, ids)
 
 
-def dispatch_now(using: str, ids: Sequence[int]) -> None:
+def dispatch_now(part: str, using: str, ids: Sequence[Any]) -> None:
     """Publish the trigger for *ids* in this thread."""
     config = get_settings()
     mode = config.dispatch
     try:
         if mode == "celery":
-            from django_outbox.tasks import deliver_messages
-
-            options: dict[str, Any] = (
-                {"queue": config.deliver_task_queue} if config.deliver_task_queue else {}
-            )
-            for start in range(0, len(ids), MAX_IDS_PER_TRIGGER):
-                chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
-                deliver_messages.apply_async(
-                    args=(chunk,), kwargs={"using": using}, retry=False, **options
-                )
+            _send_celery(part, using, ids)
         elif mode == "notify":
             connection = connections[using]
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_notify(%s, '')", [config.notify_channel])
+                    cursor.execute("SELECT pg_notify(%s, %s)", [config.notify_channel, part])
     except Exception:
-        # The rows are committed; the recovery sweep will deliver them.
+        # The rows are committed; a sweep will run them.
         logger.exception(
-            "could not dispatch %d outbox message(s) (%s); the sweep will deliver them",
-            len(ids),
-            mode,
+            "could not dispatch %d %s row(s) (%s); the sweep will run them", len(ids), part, mode
         )
+
+
+_warned_default_app = False
+
+
+def _send_celery(part: str, using: str, ids: Sequence[Any]) -> None:
+    global _warned_default_app
+    task = import_string(TASKS[part])
+    if not _warned_default_app and celery_app_missing(task.app):
+        _warned_default_app = True
+        logger.error(
+            "DISPATCH is 'celery' but no Celery app is loaded in this process: triggers go to "
+            "Celery's default app (amqp://localhost) and may never reach a worker. Import your "
+            "Celery app in your project's __init__.py (see the quickstart), or set DISPATCH"
+        )
+    for start in range(0, max(len(ids), 1), MAX_IDS_PER_TRIGGER):
+        chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
+        task.apply_async(args=(chunk,), kwargs={"using": using}, retry=False)
+
+
+def celery_app_missing(app: Any) -> bool:
+    """Whether *app* is the fallback Celery creates when no app was set up."""
+    app = getattr(app, "_get_current_object", lambda: app)()
+    # Celery builds it on demand as Celery("default", set_as_current=False).
+    return getattr(app, "main", None) == "default" and not getattr(app, "set_as_current", True)
 
 
 class BackgroundDispatcher:
@@ -116,12 +147,12 @@ class BackgroundDispatcher:
         """Forget all state (a forked child starts here)."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._pending: defaultdict[str, list[int]] = defaultdict(list)
+        self._pending: defaultdict[tuple[str, str], list[Any]] = defaultdict(list)
         self._busy = False
         self._thread: threading.Thread | None = None
         self._pid = 0
 
-    def submit(self, using: str, ids: Sequence[int]) -> None:
+    def submit(self, part: str, using: str, ids: Sequence[Any]) -> None:
         """Queue *ids* for the next trigger (returns at once)."""
         with self._lock:
             if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
@@ -133,7 +164,7 @@ class BackgroundDispatcher:
                     target=self._run, name="django-outbox-dispatch", daemon=True
                 )
                 self._thread.start()
-            self._pending[using].extend(ids)
+            self._pending[(part, using)].extend(ids)
             self._wake.notify()
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -148,12 +179,12 @@ class BackgroundDispatcher:
                 batch, self._pending = self._pending, defaultdict(list)
                 self._busy = True
             try:
-                for using, ids in batch.items():
-                    dispatch_now(using, ids)
+                for (part, using), ids in batch.items():
+                    dispatch_now(part, using, ids)
                 # A quiet process publishes each trigger at once; a busy one
                 # publishes at most one per window, carrying every id that
                 # committed meanwhile: under load triggers stop costing the
-                # committing threads (and the workers) anything per message.
+                # committing threads (and the workers) anything per row.
                 time.sleep(get_settings().dispatch_coalesce_seconds)
             finally:
                 with self._lock:

@@ -1,0 +1,180 @@
+"""Worker heartbeats: the rows of a dead worker come back in seconds, not after a lease.
+
+A long lease protects a slow worker; a short one rescues a dead worker's
+rows fast. Heartbeats give both: each worker process (``outbox_relay``, a
+Celery worker process, later the inbox consumer and the jobs worker) runs a
+daemon thread that writes its row in ``django_outbox_worker`` with the
+database's clock every ``HEARTBEAT_SECONDS`` (1 s), and stamps every row it
+claims with its id. A worker whose heartbeat is older than
+``WORKER_TIMEOUT_SECONDS`` (3 s) is dead: any live worker's heartbeat thread
+rescues its running rows at once and wakes the part's runners. A worker that
+is merely slow (its main thread blocked in a transport) keeps beating and
+keeps its rows for the whole lease. A frozen worker (SIGSTOP) stops beating
+and loses its rows; when it resumes, the lease token fences it out.
+
+A rescuer only judges others after it has itself beaten without failure for a
+whole timeout, so after a database outage, when every heartbeat is stale,
+nobody rescues a live worker's rows before that worker had the chance to beat.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+
+from django_outbox.conf import get_settings
+from django_outbox.engine import clock
+from django_outbox.engine.models import Worker
+
+logger = logging.getLogger("django_outbox.heartbeat")
+
+
+class Heartbeat:
+    """This process's worker row, kept fresh by a daemon thread."""
+
+    def __init__(self, role: str, using: str = DEFAULT_DB_ALIAS) -> None:
+        self.id = uuid.uuid4()
+        self.name = f"{socket.gethostname()}:{os.getpid()} {role}"[:255]
+        self.using = using
+        self.pid = os.getpid()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: ``time.monotonic()`` since when every beat succeeded (``None``: the last failed).
+        self.healthy_since: float | None = None
+        self.beats = 0
+        self.rescued = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.pid == os.getpid()
+
+    def start(self) -> Heartbeat:
+        """Write the worker row and start beating (returns at once)."""
+        self.beat()
+        self._thread = threading.Thread(
+            target=self._run, name="django-outbox-heartbeat", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop beating and remove the worker row (a clean exit leaves nothing to rescue)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        try:
+            Worker.objects.using(self.using).filter(pk=self.id).delete()
+        except DatabaseError:
+            logger.warning("could not remove worker row %s; it will be swept", self.id)
+
+    def beat(self) -> None:
+        """Write ``heartbeat_at = now()``; re-create the row if a rescuer removed it."""
+        workers = Worker.objects.using(self.using)
+        now = clock.now()
+        if workers.filter(pk=self.id).update(heartbeat_at=now) == 0:
+            if self.beats:
+                logger.warning(
+                    "worker %s was declared dead (frozen or cut off for longer than "
+                    "WORKER_TIMEOUT_SECONDS); its rows were rescued, and what it still records "
+                    "is fenced out",
+                    self.name,
+                )
+            workers.create(id=self.id, name=self.name, started_at=now, heartbeat_at=now)
+        self.beats += 1
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(get_settings().heartbeat_seconds):
+                self._tick()
+        finally:
+            connections[self.using].close()
+
+    def _tick(self) -> None:
+        config = get_settings()
+        try:
+            self.beat()
+        except DatabaseError as exc:
+            self.healthy_since = None
+            logger.warning("heartbeat failed (%s); retrying", exc)
+            connections[self.using].close()
+            return
+        if self.healthy_since is None:
+            self.healthy_since = time.monotonic()
+            return
+        if time.monotonic() - self.healthy_since < config.worker_timeout_seconds:
+            return
+        try:
+            self.rescued += rescue_dead_workers(self.using, exclude=self.id)
+        except DatabaseError:
+            logger.exception("rescuing the rows of dead workers failed; retrying")
+            connections[self.using].close()
+
+
+def rescue_dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -> int:
+    """Rescue the running rows of every worker whose heartbeat is older than the timeout.
+
+    Rows go back to ready (or are held, per the part's policy) and the part's
+    runners are woken; the dead workers' rows in the worker table are removed.
+    Returns how many rows were rescued.
+    """
+    from django_outbox.engine import sweeps, triggers
+    from django_outbox.engine.part import registered
+
+    config = get_settings()
+    stale = clock.later(clock.now(), -config.worker_timeout_seconds)
+    workers = Worker.objects.using(using)
+    dead = list(
+        workers.filter(heartbeat_at__lt=stale).exclude(pk=exclude).values_list("pk", flat=True)
+    )
+    if not dead:
+        return 0
+    total = 0
+    for name, part_class in registered().items():
+        result = sweeps.rescue_stuck(part_class(using=using), dead_workers=dead)
+        if result.resent:
+            triggers.dispatch(name, using, [])
+        total += result.total
+    with transaction.atomic(using=using):
+        workers.filter(pk__in=dead, heartbeat_at__lt=stale).delete()
+    return total
+
+
+_lock = threading.Lock()
+_current: Heartbeat | None = None
+
+
+def start(role: str, using: str = DEFAULT_DB_ALIAS) -> Heartbeat:
+    """Start this process's heartbeat (once; a forked child starts its own)."""
+    global _current
+    with _lock:
+        if _current is None or not _current.alive:
+            _current = Heartbeat(role, using).start()
+        return _current
+
+
+def stop() -> None:
+    """Stop this process's heartbeat, if it runs."""
+    global _current
+    with _lock:
+        current, _current = _current, None
+    if current is not None and current.pid == os.getpid():
+        current.stop()
+
+
+def current_worker_id() -> uuid.UUID | None:
+    """The id that this process's claims carry, or ``None`` if it has no heartbeat.
+
+    Rows claimed without a worker id (a relay run inside a web process or a
+    test) are rescued when their lease expires, not sooner.
+    """
+    current = _current
+    if current is not None and current.alive:
+        return current.id
+    return None

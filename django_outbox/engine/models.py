@@ -1,0 +1,54 @@
+"""What every row the engine drives has, and the table of live workers.
+
+A part's model (outgoing message, incoming message, job) inherits
+:class:`EngineRow` and adds its own ``state`` field and payload columns; the
+engine reads and writes only the fields declared here.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+class EngineRow(models.Model):
+    """Attempts, due time, lease and outcome fields shared by every part's rows."""
+
+    attempts = models.PositiveIntegerField(default=0)
+    available_at = models.DateTimeField(default=timezone.now)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    lock_token = models.UUIDField(null=True, blank=True, help_text="Fencing token of the lease.")
+    claimed_by = models.UUIDField(
+        null=True, blank=True, help_text="The worker that holds (or last held) the lease."
+    )
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Worker(models.Model):
+    """A process that claims rows, alive while its heartbeat is recent.
+
+    Each worker process (``outbox_relay``, a Celery worker process) writes
+    ``heartbeat_at`` with the database's clock every ``HEARTBEAT_SECONDS``.
+    Rows claimed by a worker whose heartbeat is older than
+    ``WORKER_TIMEOUT_SECONDS`` are rescued at once instead of after their lease.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=255, help_text="host:pid and role.")
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_worker"
+        indexes = (models.Index(fields=("heartbeat_at",), name="outbox_worker_heartbeat_idx"),)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"

@@ -1,0 +1,114 @@
+"""Order per key: only the head of a key is claimable; its followers ride along.
+
+Rows that share a key (for the outbox: destination and ``key``) carry
+increasing sequence numbers. A row may be claimed only when no earlier row
+of its key is still blocking (ready, running or dead-lettered); the rows
+right behind a claimed head are then taken in the same batch as one
+unbroken run, so a key moves a batch at a time, not a row at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.db.models import BooleanField, Case, Exists, OuterRef, Q, Value, When
+
+from django_outbox.engine.lease import Lease, claim
+from django_outbox.engine.part import KeyOrdering
+
+if TYPE_CHECKING:
+    from django_outbox.engine.runner import Runner
+
+
+def heads_only(queryset: models.QuerySet[Any], ordering: KeyOrdering) -> models.QuerySet[Any]:
+    """*queryset* without rows that have an earlier blocking row of their key."""
+    key_fields = ordering.key_fields
+    sequence = ordering.sequence_field
+    earlier = queryset.model._default_manager.filter(
+        **{name: OuterRef(name) for name in key_fields},
+        **{f"{sequence}__lt": OuterRef(sequence), "state__in": ordering.blocking_states},
+    )
+    unkeyed = Q(**{f"{key_fields[-1]}__isnull": True})
+    return queryset.filter(unkeyed | ~Exists(earlier))
+
+
+def claim_followers(runner: Runner, heads: Sequence[Any], lease: Lease, room: int) -> list[Any]:
+    """Claim the due rows right behind the keyed *heads* this runner holds.
+
+    No other runner can claim them: their earlier row (our head) is running,
+    so they fail every other claimer's ``heads_only`` test.
+    """
+    part = runner.part
+    ordering = part.ordering
+    assert ordering is not None
+    key_fields, sequence = ordering.key_fields, ordering.sequence_field
+    life = part.lifecycle
+
+    def slot_of(row: Any) -> tuple[Any, ...]:
+        return tuple(getattr(row, name) for name in key_fields)
+
+    tails: dict[tuple[Any, ...], int] = {}
+    for row in heads:
+        if getattr(row, key_fields[-1]) is not None:
+            tails[slot_of(row)] = getattr(row, sequence)
+    if not tails:
+        return []
+    behind = Q()
+    for slot, last in tails.items():
+        behind |= Q(**dict(zip(key_fields, slot, strict=True)), **{f"{sequence}__gt": last})
+    manager = part.model._default_manager.using(runner.using)
+    # Whether each is due is decided by the database's clock, in the same query.
+    candidates = (
+        manager.filter(behind, state__in=ordering.blocking_states)
+        .annotate(
+            is_due=Case(
+                When(available_at__lte=part.now(), then=Value(True)),
+                default=Value(False),
+                output_field=BooleanField(),
+            )
+        )
+        .order_by(*key_fields, sequence)
+        .only("pk", *key_fields, sequence, "state")[: room * 4]
+    )
+    chosen: list[Any] = []
+    chosen_slots: list[tuple[Any, tuple[Any, ...]]] = []
+    blocked: set[tuple[Any, ...]] = set()
+    for row in candidates:
+        slot = slot_of(row)
+        if slot in blocked:
+            continue
+        if row.state != life.ready or not row.is_due:
+            blocked.add(slot)
+            continue
+        chosen.append(row.pk)
+        chosen_slots.append((row.pk, slot))
+        if len(chosen) >= room:
+            break
+    if not chosen:
+        return []
+    got = claim(
+        manager.filter(pk__in=chosen, state=life.ready),
+        lease=lease,
+        limit=room,
+        running_state=life.running,
+        fields=part.claimed_fields,
+        now=part.now(),
+    )
+    # SKIP LOCKED may pass over a follower another claimer's scan has locked
+    # for a moment (InnoDB locks every row a locking read scans). Keep, per
+    # key, only the unbroken run behind the head; the rest goes straight
+    # back, unattempted, to be claimed in order later.
+    taken = {row.pk for row in got}
+    keep: set[Any] = set()
+    broken: set[tuple[Any, ...]] = set()
+    for pk, slot in chosen_slots:
+        if pk in taken and slot not in broken:
+            keep.add(pk)
+        else:
+            broken.add(slot)
+    extra = [row for row in got if row.pk not in keep]
+    if extra:
+        runner.release(extra, lease)
+    return [row for row in got if row.pk in keep]

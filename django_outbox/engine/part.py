@@ -1,0 +1,160 @@
+"""The interface a part (outbox, inbox, jobs) implements to be driven by the engine.
+
+A part says, in a few lines, which rows are due, what doing one batch
+means, and how a finished row is marked; the engine does the rest: claiming
+under a lease, fencing, backoff, dead-lettering, releasing, draining,
+rescuing and purging. A part is a plain class over one model::
+
+    class Relay(Part):
+        name = "outbox"
+        model = OutboxMessage
+        lifecycle = Lifecycle(ready="should_be_sent", running="sending", done="sent",
+                              failed="send_error", finished=("sent", "cancelled"))
+
+        def process(self, rows, deadline):
+            ...  # publish; yield {pk: None (done) or an error} as outcomes come in
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.db import DEFAULT_DB_ALIAS, models
+from django.db.models import Q
+
+from django_outbox.conf import EngineSettings, Settings, get_settings
+from django_outbox.engine import clock
+from django_outbox.exceptions import DeliveryError
+
+#: Per row primary key: ``None`` when the step succeeded, the error otherwise.
+#: A row missing from every outcome was not attempted and goes back as it was.
+Outcomes = dict[Any, DeliveryError | None]
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """A part's state names mapped onto the engine's roles (the names are the part's)."""
+
+    #: Waiting for ``available_at``; claimed from here.
+    ready: str
+    #: Claimed under a lease.
+    running: str
+    #: Finished successfully.
+    done: str
+    #: Dead-lettered: waits for an operator.
+    failed: str
+    #: States the purge deletes after retention (``done`` and cancelled-like states).
+    finished: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KeyOrdering:
+    """Rows with the same key run one at a time in ``sequence`` order."""
+
+    #: Columns that together name a key, e.g. ``("destination", "key")``.
+    key_fields: tuple[str, ...]
+    sequence_field: str
+    #: States in which a row still holds back the later rows of its key.
+    blocking_states: tuple[str, ...]
+
+
+class Part:
+    """Base class of the three parts; subclasses set the class attributes and ``process``."""
+
+    #: Settings section, logger suffix, trigger name: ``"outbox"``, ``"inbox"``, ``"jobs"``.
+    name: ClassVar[str]
+    model: ClassVar[type[models.Model]]
+    lifecycle: ClassVar[Lifecycle]
+    #: Columns a claim reads back (``None``: all).
+    claimed_fields: ClassVar[tuple[str, ...] | None] = None
+    ordering: ClassVar[KeyOrdering | None] = None
+
+    def __init__(
+        self,
+        *,
+        using: str = DEFAULT_DB_ALIAS,
+        batch_size: int | None = None,
+        config: Settings | None = None,
+        clock: Any = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.using = using
+        self.settings = config or get_settings()
+        self.config: EngineSettings = self.settings.engine(self.name)
+        self.batch_size = batch_size or self.config.batch_size
+        #: ``None`` for the database's clock; a callable returning a datetime pins it.
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.logger = logging.getLogger(f"django_outbox.{self.name}")
+
+    # -- what a part says ----------------------------------------------------
+
+    def now(self) -> clock.Instant:
+        """The current time as SQL (the database's unless pinned)."""
+        pinned: datetime | None = self.clock() if self.clock is not None else None
+        return clock.now(pinned)
+
+    def due(self) -> models.QuerySet[Any]:
+        """Rows that may be claimed now, in the order to claim them."""
+        return (
+            self.model._default_manager.using(self.using)
+            .filter(state=self.lifecycle.ready, available_at__lte=self.now())
+            .order_by("available_at", "pk")
+        )
+
+    def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
+        """Do the step for *rows*; yield outcomes as they come (recorded at once).
+
+        *deadline* is a ``time.monotonic()`` value: start nothing after it.
+        """
+        raise NotImplementedError
+
+    def done_values(self, now: clock.Instant) -> Mapping[str, Any]:
+        """Extra fields set on a row that finished (besides ``state``)."""
+        return {"finished_at": now}
+
+    def max_attempts(self, row: Any) -> int:
+        """Attempts allowed before a retryable failure becomes final."""
+        return self.config.max_attempts
+
+    def holds_uncertain(self, row: Any) -> bool:
+        """Whether an uncertain outcome parks *row* for an operator instead of retrying."""
+        return False
+
+    def held_values(self) -> Mapping[str, Any]:
+        """Extra fields set on a row parked because its outcome is uncertain."""
+        return {}
+
+    def rescue_holds(self) -> Q:
+        """Which rows of a dead holder to park for an operator instead of running again."""
+        return Q(attempts__gte=self.config.max_attempts)
+
+    # -- hooks (signals, logs); no-ops by default ------------------------------
+
+    def on_done(self, rows: Sequence[Any]) -> None:
+        """Called with the rows this process recorded as done."""
+
+    def on_failed(self, row: Any, error: str, will_retry: bool) -> None:
+        """Called once per failed attempt that was recorded."""
+
+    def on_rescued(self, result: Any) -> None:
+        """Called after a rescue moved rows (a ``RescueResult``)."""
+
+
+_registry: dict[str, type[Part]] = {}
+
+
+def register(part: type[Part]) -> type[Part]:
+    """Make *part* known by name to triggers, rescue and the worker loop."""
+    _registry[part.name] = part
+    return part
+
+
+def registered() -> Mapping[str, type[Part]]:
+    """Every part known so far, by name."""
+    return dict(_registry)
