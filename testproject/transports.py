@@ -56,3 +56,19 @@ class SlowKombuTransport(KombuTransport):
         outcomes = super().publish(envelopes)
         time.sleep(pause)
         return outcomes
+
+
+class BlockingKombuTransport(KombuTransport):
+    """The kombu transport that blocks ``BLOCK_SECONDS`` before publishing its first
+    batch, after writing the batch's message ids to the file ``BLOCK_MARKER``: a relay
+    that holds a batch and is slow (or, killed meanwhile, dead) for the recovery tests."""
+
+    blocked = False
+
+    def publish(self, envelopes: Any, deadline: float | None = None) -> Any:
+        if not BlockingKombuTransport.blocked:
+            BlockingKombuTransport.blocked = True
+            with open(self.options["block_marker"], "w") as marker:
+                marker.write("\n".join(str(e.message_id) for e in envelopes))
+            time.sleep(float(self.options["block_seconds"]))
+        return super().publish(envelopes, deadline)

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
@@ -50,6 +51,12 @@ class Heartbeat:
         self.healthy_since: float | None = None
         self.beats = 0
         self.rescued = 0
+        self._listeners: dict[str, list[Callable[[], Any]]] = {}
+
+    def on_rescue(self, part: str, callback: Callable[[], Any]) -> None:
+        """Call *callback* (from the heartbeat thread) after this process rescued rows of
+        *part*: the worker loop wakes at once instead of at its next poll."""
+        self._listeners.setdefault(part, []).append(callback)
 
     @property
     def alive(self) -> bool:
@@ -111,18 +118,23 @@ class Heartbeat:
         if time.monotonic() - self.healthy_since < config.worker_timeout_seconds:
             return
         try:
-            self.rescued += rescue_dead_workers(self.using, exclude=self.id)
+            rescued = rescue_dead_workers(self.using, exclude=self.id)
         except DatabaseError:
             logger.exception("rescuing the rows of dead workers failed; retrying")
             connections[self.using].close()
+            return
+        for part, count in rescued.items():
+            self.rescued += count
+            for callback in self._listeners.get(part, ()):
+                callback()
 
 
-def rescue_dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -> int:
+def rescue_dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -> dict[str, int]:
     """Rescue the running rows of every worker whose heartbeat is older than the timeout.
 
     Rows go back to ready (or are held, per the part's policy) and the part's
     runners are woken; the dead workers' rows in the worker table are removed.
-    Returns how many rows were rescued.
+    Returns how many rows were made ready again, per part.
     """
     from django_outbox.engine import sweeps, triggers
     from django_outbox.engine.part import registered
@@ -134,16 +146,16 @@ def rescue_dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -
         workers.filter(heartbeat_at__lt=stale).exclude(pk=exclude).values_list("pk", flat=True)
     )
     if not dead:
-        return 0
-    total = 0
+        return {}
+    rescued: dict[str, int] = {}
     for name, part_class in registered().items():
         result = sweeps.rescue_stuck(part_class(using=using), dead_workers=dead)
         if result.resent:
+            rescued[name] = result.resent
             triggers.dispatch(name, using, [])
-        total += result.total
     with transaction.atomic(using=using):
         workers.filter(pk__in=dead, heartbeat_at__lt=stale).delete()
-    return total
+    return rescued
 
 
 _lock = threading.Lock()

@@ -18,13 +18,30 @@ logger = logging.getLogger("django_outbox.worker")
 
 
 class Waiter:
-    """Sleeps between polls; subclasses wake early on a database notification."""
+    """Sleeps between polls; ``wake()`` (from another thread) ends the sleep early, and
+    subclasses also wake on a database notification."""
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
+        self.woken = threading.Event()
+
+    def wake(self) -> None:
+        """End the current (or next) wait now: there is work (rows were rescued)."""
+        self.woken.set()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep up to *seconds*; True if woken or stopped."""
+        if self.woken.wait(seconds) or self.stop.is_set():
+            self.woken.clear()
+            return True
+        return False
 
     def wait(self, seconds: float) -> None:
-        self.stop.wait(seconds)
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._sleep(min(remaining, 0.5)):
+                return
 
     def close(self) -> None:
         pass
@@ -72,10 +89,10 @@ class PostgresWaiter(Waiter):
         try:
             if self.conn is None:
                 self._connect()
-            # Wake at least every half second to notice a stop request.
+            # Wake at least every half second to notice a stop or a wake().
             while not self.stop.is_set():
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._sleep(0):
                     return
                 for notify in self.conn.notifies(timeout=min(remaining, 0.5), stop_after=1):
                     if notify.payload in ("", self.part):
@@ -144,9 +161,9 @@ class WorkerLoop:
         """Loop until stopped (or until nothing is due, with ``until_empty``)."""
         part = self.runner.part
         total = self.runner.result_class()
-        if self.heartbeat:
-            heartbeat.start(part.name, part.using)
         waiter = self._waiter()
+        if self.heartbeat:
+            heartbeat.start(part.name, part.using).on_rescue(part.name, waiter.wake)
         next_sweep = 0.0
         try:
             while not self.stopping.is_set():

@@ -64,6 +64,6 @@ def sweep(
     return {
         "resent": rescued.resent,
         "held": rescued.held,
-        "rescued_from_dead_workers": of_dead_workers,
+        "rescued_from_dead_workers": sum(of_dead_workers.values()),
         **drained.as_dict(),
     }
