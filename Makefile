@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`.
 # Everything else here is a step of those two or a documented extra
-# (`make bench`).
+# (`make bench`, `make chaos`).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -14,12 +14,13 @@ MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci
+.PHONY: help demo test lint test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
 	@echo "make test   set up and run the whole test suite (needs PostgreSQL, MariaDB, Redis, RabbitMQ)"
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
+	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PY311) -m venv $(VENV)
@@ -81,3 +82,9 @@ bench: $(VENV)/.installed
 
 bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0
+
+# The crash and recovery acceptance tests at full size (make test runs them reduced).
+chaos: $(VENV)/.installed
+	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CHAOS_MESSAGES=20000 CHAOS_KILLS=12 \
+		$(VENV)/bin/python -m pytest --create-db -s tests/acceptance/test_chaos.py \
+		tests/acceptance/test_recovery.py tests/acceptance/test_crash.py $(PYTEST_ARGS)

@@ -37,17 +37,27 @@ def is_transient(exc: BaseException) -> bool:
     return bool(args) and args[0] in _RETRY_MYSQL_CODES
 
 
-def connection_lost(using: str) -> bool:
-    """Whether the connection *using* is gone (and may be replaced: no transaction open)."""
+#: MySQL/MariaDB client errors of a dropped connection: gone away, lost during a
+#: query, lost (the server's side), the server closed it for inactivity.
+_LOST_MYSQL_CODES = frozenset({2006, 2013, 2055, 4031})
+
+
+def connection_lost(using: str, exc: BaseException) -> bool:
+    """Whether *exc* means the connection *using* is gone, and it may be replaced (no
+    transaction of the caller's is open on it)."""
     connection = connections[using]
     if connection.in_atomic_block:
         return False  # the caller's transaction is lost with it: theirs to handle
-    if connection.connection is None:
+    cause = exc.__cause__ or exc
+    sqlstate = str(getattr(cause, "sqlstate", "") or "")
+    # PostgreSQL: connection exceptions (08…) and administrator or crash shutdowns (57P…).
+    if sqlstate.startswith(("08", "57P")) or isinstance(exc, InterfaceError):
         return True
-    try:
-        return not connection.is_usable()
-    except Exception:
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    if args and args[0] in _LOST_MYSQL_CODES:
         return True
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", False))
 
 
 def retry_transient(
@@ -75,7 +85,7 @@ def retry_transient(
                 continue
             if reconnect is None or reconnects >= len(RECONNECT_PAUSES):
                 raise
-            if not connection_lost(reconnect):
+            if not connection_lost(reconnect, exc):
                 raise
             logger.warning(
                 "%s: database connection lost (%s); retrying on a new connection",

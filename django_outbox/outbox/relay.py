@@ -32,6 +32,7 @@ from django_outbox.exceptions import (
 )
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.models import UNFINISHED_STATES, OutboxMessage, OutboxState
+from django_outbox.outbox.transports.base import Transport
 from django_outbox.outbox.transports.registry import get_transport
 
 #: Columns a claim reads back: what envelopes, outcomes and signals need.
@@ -94,31 +95,45 @@ class Publishing(Part):
             by_destination[row.destination].append(row)
         for destination, messages in by_destination.items():
             messages.sort(key=_publish_order)
-            published = self._publish(destination, messages, deadline)
-            signals.emit(
-                signals.outbox_batch_published,
-                Relay,
-                destination=destination,
-                messages=messages,
-                outcomes=published,
-            )
-            yield {m.pk: published[m.message_id] for m in messages if m.message_id in published}
+            try:
+                transport = get_transport(self.settings.outbox.destination(destination))
+            except (UnknownDestination, ConfigurationError) as exc:
+                # Another process accepted it in send(): during a rolling deploy an
+                # older relay may not know a new destination yet. Retry, do not bury.
+                yield dict.fromkeys((m.pk for m in messages), RetryableError(str(exc)))
+                continue
+            except Exception as exc:  # building the transport failed: nothing was sent
+                self.logger.exception("cannot build the transport of %r", destination)
+                error = RetryableError(f"transport unavailable: {type(exc).__name__}: {exc}")
+                yield dict.fromkeys((m.pk for m in messages), error)
+                continue
+            size = transport.chunk_size or len(messages)
+            failed_keys: set[str] = set()
+            for start in range(0, len(messages), size):
+                # A message behind a failed one of its key stays unattempted.
+                chunk = [m for m in messages[start : start + size] if m.key not in failed_keys]
+                published = self._publish(transport, destination, chunk, deadline)
+                signals.emit(
+                    signals.outbox_batch_published,
+                    Relay,
+                    destination=destination,
+                    messages=chunk,
+                    outcomes=published,
+                )
+                failed_keys.update(
+                    m.key for m in chunk if m.key is not None and published.get(m.message_id, 1)
+                )
+                yield {m.pk: published[m.message_id] for m in chunk if m.message_id in published}
 
     def _publish(
-        self, destination: str, messages: Sequence[OutboxMessage], deadline: float
+        self,
+        transport: Transport,
+        destination: str,
+        messages: Sequence[OutboxMessage],
+        deadline: float,
     ) -> dict[Any, Any]:
         ids = [m.message_id for m in messages]
-        try:
-            transport = get_transport(self.settings.outbox.destination(destination))
-        except (UnknownDestination, ConfigurationError) as exc:
-            # Another process accepted it in send(): during a rolling deploy an
-            # older relay may not know a new destination yet. Retry, do not bury.
-            return dict.fromkeys(ids, RetryableError(str(exc)))
-        except Exception as exc:  # building the transport failed: nothing was sent
-            self.logger.exception("cannot build the transport of %r", destination)
-            error = RetryableError(f"transport unavailable: {type(exc).__name__}: {exc}")
-            return dict.fromkeys(ids, error)
-        if time.monotonic() >= deadline:
+        if not messages or time.monotonic() >= deadline:
             # An earlier destination of this batch used up the lease: leave
             # these unattempted rather than publish after the lease ran out.
             return {}

@@ -20,12 +20,24 @@ SECRET = "whsec-test"
 class Handler(BaseHTTPRequestHandler):
     received: list = []
 
+    in_flight = 0
+    most_in_flight = 0
+    lock = threading.Lock()
+
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         Handler.received.append((self.path, dict(self.headers), body))
         name = self.path.strip("/")
         if name == "slow":
             time.sleep(1.5)
+            status = 200
+        elif name == "paced":  # an endpoint answering in 50 ms
+            with Handler.lock:
+                Handler.in_flight += 1
+                Handler.most_in_flight = max(Handler.most_in_flight, Handler.in_flight)
+            time.sleep(0.05)
+            with Handler.lock:
+                Handler.in_flight -= 1
             status = 200
         elif name.startswith("status-"):
             status = int(name.removeprefix("status-"))
@@ -43,6 +55,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server(configure_outbox):
     Handler.received = []
+    Handler.most_in_flight = 0
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}/{{type}}"
@@ -117,7 +130,8 @@ def test_a_failed_message_stops_its_key_but_not_others(server):
     assert states[first.pk] == OutboxState.SHOULD_BE_SENT
     assert states[second.pk] == OutboxState.SHOULD_BE_SENT
     assert states[other.pk] == OutboxState.SENT
-    assert [p for p, _, _ in Handler.received] == ["/status-503", "/ok"]
+    # Keys go out concurrently: which of the two requests came first is not fixed.
+    assert sorted(p for p, _, _ in Handler.received) == ["/ok", "/status-503"]
 
 
 def test_non_ascii_keys_travel_as_utf8_header_bytes(server):
@@ -158,3 +172,45 @@ def test_connection_refused_on_a_hold_destination_is_simply_retried(configure_ou
     )
     message = deliver("ok")  # nothing reached a server: nothing is uncertain
     assert (message.state, message.uncertain) == (OutboxState.SHOULD_BE_SENT, False)
+
+
+def test_posts_go_out_concurrently_in_key_order_and_are_recorded_chunk_by_chunk(server):
+    from django_outbox.signals import outbox_batch_published
+
+    for n in range(60):
+        django_outbox.send("paced", {"n": n}, key=f"order:{n % 3}")
+    for n in range(40):
+        django_outbox.send("paced", {"n": n})
+    chunks = []
+
+    def count(*, messages, **kwargs):
+        chunks.append(len(messages))
+
+    outbox_batch_published.connect(count)
+    try:
+        assert Relay().run_batch().sent == 100
+    finally:
+        outbox_batch_published.disconnect(count)
+    # CONCURRENCY 8 by default: requests overlap, and outcomes are recorded every 32.
+    assert Handler.most_in_flight > 1
+    assert chunks == [32, 32, 32, 4]
+    for key in ("order:0", "order:1", "order:2"):
+        sequences = [
+            int(headers["outbox-sequence"])
+            for _, headers, _ in Handler.received
+            if headers.get("outbox-key") == key
+        ]
+        assert sequences == sorted(sequences) and len(sequences) == 20
+
+
+def test_a_failed_message_holds_back_the_rest_of_its_key_in_later_chunks(server):
+    failing = django_outbox.send("status-503", {}, key="k")
+    behind = [django_outbox.send("paced", {"n": n}, key="k") for n in range(40)]
+    result = Relay().run_batch()
+    assert (result.sent, result.retried, result.released) == (0, 1, 40)
+    assert [path for path, _, _ in Handler.received] == ["/status-503"]
+    failing.refresh_from_db()
+    assert failing.state == OutboxState.SHOULD_BE_SENT
+    assert {m.state for m in OutboxMessage.objects.filter(pk__in=[b.pk for b in behind])} == {
+        OutboxState.SHOULD_BE_SENT
+    }

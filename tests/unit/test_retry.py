@@ -56,3 +56,36 @@ def test_other_errors_and_exhausted_retries_propagate():
     with pytest.raises(OperationalError):
         retry_transient(always_deadlocked, attempts=2)
     assert len(calls) == 2
+
+
+class MysqlLost(Exception):
+    def __init__(self):
+        super().__init__(2013, "Lost connection to MySQL server during query")
+
+
+@pytest.mark.django_db
+def test_a_lost_connection_is_replaced_and_the_operation_run_again(monkeypatch):
+    from django.db import connections
+
+    closed = []
+    monkeypatch.setattr(connections["default"], "close", lambda: closed.append(1))
+    monkeypatch.setattr(connections["default"], "in_atomic_block", False)
+    calls = []
+
+    def operation():
+        calls.append(1)
+        if len(calls) == 1:
+            raise wrapped(MysqlLost())
+        return "recorded"
+
+    assert retry_transient(operation, reconnect="default") == "recorded"
+    assert (len(calls), len(closed)) == (2, 1)
+
+
+@pytest.mark.django_db
+def test_a_lost_connection_inside_the_callers_transaction_is_theirs(monkeypatch):
+    from django.db import connections
+
+    monkeypatch.setattr(connections["default"], "in_atomic_block", True)
+    with pytest.raises(OperationalError):
+        retry_transient(lambda: (_ for _ in ()).throw(wrapped(MysqlLost())), reconnect="default")

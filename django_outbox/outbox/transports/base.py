@@ -33,6 +33,11 @@ class Transport:
     #: Option names (lower-case) this transport requires.
     required_options: ClassVar[tuple[str, ...]] = ()
 
+    #: Most messages per ``publish`` call; the relay records each call's outcomes
+    #: before the next (``None``: the whole batch in one call). Slow transports
+    #: (HTTP) set it so a relay killed mid-batch leaves little unrecorded.
+    chunk_size: int | None = None
+
     def __init__(self, destination: Destination) -> None:
         self.destination = destination
         self.options = destination.options
