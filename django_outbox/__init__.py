@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from django_outbox.exceptions import (
     ConfigurationError,
     DeliveryError,
+    InvalidMessage,
+    KeyConflict,
     OutboxError,
     PayloadError,
     PayloadTooLarge,
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigurationError",
     "DeliveryError",
+    "InvalidMessage",
+    "KeyConflict",
     "OutboxError",
     "PayloadError",
     "PayloadTooLarge",

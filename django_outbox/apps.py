@@ -8,3 +8,4 @@ class DjangoOutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from django_outbox import checks  # noqa: F401  (registers the system checks)
+        from django_outbox.outbox import relay  # noqa: F401  (registers the outbox part)

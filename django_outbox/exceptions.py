@@ -16,12 +16,22 @@ class ConfigurationError(OutboxError):
     """The ``DJANGO_OUTBOX`` setting is invalid; the message says which key."""
 
 
-class PayloadError(OutboxError, ValueError):
-    """A payload or header value cannot be serialized to JSON."""
+class InvalidMessage(OutboxError, ValueError):
+    """``send()`` refused its arguments (type, key, headers, payload); nothing was stored
+    and the caller's transaction is still usable. The message says which and why."""
+
+
+class PayloadError(InvalidMessage):
+    """A payload or header value cannot be stored or published (not JSON, NUL, …)."""
 
 
 class PayloadTooLarge(PayloadError):
     """The serialized payload is larger than ``MAX_PAYLOAD_BYTES``."""
+
+
+class KeyConflict(OutboxError):
+    """``send(key=...)`` in a REPEATABLE READ or SERIALIZABLE transaction lost a race with
+    a concurrent sender of the same key; the database aborted the transaction: retry it."""
 
 
 class UnknownDestination(OutboxError, LookupError):

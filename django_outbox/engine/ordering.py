@@ -112,3 +112,61 @@ def claim_followers(runner: Runner, heads: Sequence[Any], lease: Lease, room: in
     if extra:
         runner.release(extra, lease)
     return [row for row in got if row.pk in keep]
+
+
+#: Keys per statement when parking or releasing keys (bounded statements).
+KEYS_PER_STATEMENT = 200
+
+
+def _slots(ordering: KeyOrdering, rows: Sequence[Any]) -> dict[tuple[Any, ...], Any]:
+    """Key of each keyed row in *rows* → its sequence."""
+    slots: dict[tuple[Any, ...], Any] = {}
+    for row in rows:
+        slot = tuple(getattr(row, name) for name in ordering.key_fields)
+        if slot[-1] is not None:
+            slots[slot] = getattr(row, ordering.sequence_field)
+    return slots
+
+
+def block(part: Any, failed: Sequence[Any]) -> int:
+    """Park the ready rows behind each failed keyed row, and mark their keys so rows
+    sent later park too. Returns how many rows were parked.
+
+    The counter is updated first: it waits for any sender of the key still in
+    its transaction, so the rows it adds are there when the rows are parked.
+    """
+    ordering: KeyOrdering = part.ordering
+    slots = list(_slots(ordering, failed).items())
+    parked = 0
+    manager = part.model._default_manager.using(part.using)
+    counters = ordering.counter._default_manager.using(part.using)
+    for start in range(0, len(slots), KEYS_PER_STATEMENT):
+        chunk = slots[start : start + KEYS_PER_STATEMENT]
+        keys, behind = Q(), Q()
+        for slot, sequence in chunk:
+            match = dict(zip(ordering.key_fields, slot, strict=True))
+            keys |= Q(**match)
+            behind |= Q(**match, **{f"{ordering.sequence_field}__gt": sequence})
+        counters.filter(keys).update(blocked=True)
+        # Running ones too: followers claimed with the head go back unattempted.
+        life = part.lifecycle
+        parked += manager.filter(
+            behind, state__in=(life.ready, life.running), blocked=False
+        ).update(blocked=True)
+    return parked
+
+
+def unblock(part: Any, heads: Sequence[Any]) -> int:
+    """Release the rows parked behind *heads* (finished or cancelled) and their keys."""
+    ordering: KeyOrdering = part.ordering
+    slots = list(_slots(ordering, heads))
+    released = 0
+    manager = part.model._default_manager.using(part.using)
+    counters = ordering.counter._default_manager.using(part.using)
+    for start in range(0, len(slots), KEYS_PER_STATEMENT):
+        keys = Q()
+        for slot in slots[start : start + KEYS_PER_STATEMENT]:
+            keys |= Q(**dict(zip(ordering.key_fields, slot, strict=True)))
+        counters.filter(keys, blocked=True).update(blocked=False)
+        released += manager.filter(keys, blocked=True).update(blocked=False)
+    return released

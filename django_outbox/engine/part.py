@@ -54,13 +54,21 @@ class Lifecycle:
 
 @dataclass(frozen=True)
 class KeyOrdering:
-    """Rows with the same key run one at a time in ``sequence`` order."""
+    """Rows with the same key run one at a time in ``sequence`` order.
+
+    The rows of a key whose head failed are *parked* (``blocked``), out of the
+    due index, until the head finishes: a key that waits on an operator costs
+    the claims of other keys nothing. The counter model (one row per key, with
+    the key fields and ``blocked``) tells new rows of a parked key to park.
+    """
 
     #: Columns that together name a key, e.g. ``("destination", "key")``.
     key_fields: tuple[str, ...]
     sequence_field: str
     #: States in which a row still holds back the later rows of its key.
     blocking_states: tuple[str, ...]
+    #: One row per key: the key fields and a ``blocked`` boolean.
+    counter: type[models.Model]
 
 
 class Part:
@@ -100,12 +108,14 @@ class Part:
         return clock.now(pinned)
 
     def due(self) -> models.QuerySet[Any]:
-        """Rows that may be claimed now, in the order to claim them."""
-        return (
-            self.model._default_manager.using(self.using)
-            .filter(state=self.lifecycle.ready, available_at__lte=self.now())
-            .order_by("available_at", "pk")
+        """Rows that may be claimed now, in the order to claim them (parked rows of a
+        key that waits on a failed head are not due)."""
+        due = self.model._default_manager.using(self.using).filter(
+            state=self.lifecycle.ready, available_at__lte=self.now()
         )
+        if self.ordering is not None:
+            due = due.filter(blocked=False)
+        return due.order_by("available_at", "pk")
 
     def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
         """Do the step for *rows*; yield outcomes as they come (recorded at once).

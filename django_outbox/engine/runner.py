@@ -135,6 +135,7 @@ class Runner:
         result = self.result_class()
         held = fenced(part.model, lease, life.running, self.using)
         done = [row for row in rows if outcomes[row.pk] is None]
+        keyed = part.ordering.key_fields if part.ordering is not None else ()
         changes: dict[Any, dict[str, Any]] = {}
         failed: list[tuple[Any, str, bool]] = []
         for row in rows:
@@ -149,15 +150,23 @@ class Runner:
                 "lock_token": None,
                 "claimed_by": None,
             }
+            if keyed and getattr(row, keyed[-1]) is not None:
+                changes[row.pk]["blocking"] = True
             failed.append((row, text, retry))
             if retry:
                 result.retried += 1
             else:
                 result.failed += 1
         done_values = {"state": life.done, **part.done_values(now), "locked_until": None}
+        # Keys whose failed head now finished release their parked rows; keys
+        # whose head failed park theirs. Rare, and in the same transaction.
+        releasing = [row for row in done if getattr(row, "blocking", False)]
+        parking = [row for row in rows if changes.get(row.pk, {}).get("blocking")]
+        if keyed:
+            done_values.update(blocking=False, blocked=False)
 
         def write() -> tuple[int, int]:
-            many = bool(done) and bool(changes)
+            many = (bool(done) and bool(changes)) or bool(releasing) or bool(parking)
             with transaction.atomic(using=self.using) if many else nullcontext():
                 # By id as well as by token: rows under this lease that are not
                 # in this group were not done. Finished rows keep their token
@@ -165,7 +174,12 @@ class Runner:
                 recorded_done = (
                     with_ids(held, [row.pk for row in done]).update(**done_values) if done else 0
                 )
-                return recorded_done, recorded_done + update_each(held, changes)
+                recorded = recorded_done + update_each(held, changes)
+                if releasing:
+                    ordering.unblock(part, releasing)
+                if parking:
+                    ordering.block(part, parking)
+                return recorded_done, recorded
 
         # Every write is fenced by the lease token and a failed transaction is
         # rolled back whole, so repeating it records each outcome once.

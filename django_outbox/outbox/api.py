@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections, router, transaction
+from django.db import OperationalError, connections, router, transaction
 from django.db.models import F, Field
 from django.utils import timezone
 
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, triggers
-from django_outbox.exceptions import PayloadError, PayloadTooLarge
+from django_outbox.engine.retry import is_transient
+from django_outbox.exceptions import InvalidMessage, KeyConflict, PayloadError, PayloadTooLarge
 from django_outbox.outbox.models import OutboxKey, OutboxMessage
 
 MAX_TYPE_LENGTH = 255
@@ -34,8 +35,9 @@ def send(
     """Record a message for destination *to*; it is published after the transaction commits.
 
     Validation happens before anything touches the database, so a bad call
-    raises (``PayloadError``, ``PayloadTooLarge``, ``UnknownDestination``,
-    ``ValueError``) and leaves the caller's transaction usable. Messages with
+    raises (``InvalidMessage`` and its subclasses ``PayloadError`` and
+    ``PayloadTooLarge``, or ``UnknownDestination``) and leaves the caller's
+    transaction usable. Messages with
     the same *key* get increasing sequence numbers in commit order and are
     published in that order. Costs one INSERT (plus one counter UPSERT when a
     key is given) and at most one dispatch per transaction.
@@ -75,7 +77,7 @@ def send(
 
 def _insert(message: OutboxMessage, payload_json: str, db: str) -> None:
     if message.key is not None:
-        message.sequence = next_sequence(db, message.destination, message.key)
+        message.sequence, message.blocked = next_sequence(db, message.destination, message.key)
     connection = connections[db]
     if not connection.features.can_return_columns_from_insert:
         # The database's clock, as everywhere else (see engine.clock). MySQL
@@ -137,12 +139,31 @@ def _insert_statement(connection: Any) -> tuple[str, list[Field[Any, Any]]]:
     return cached
 
 
-def next_sequence(db: str, destination: str, key: str) -> int:
-    """Take the next sequence number of (*destination*, *key*).
+def next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
+    """Take the next sequence number of (*destination*, *key*), and whether the key is
+    parked (a failed message holds it back: the new one parks behind it).
 
     The counter row stays locked until the caller's transaction ends, so a
     concurrent sender of the same key waits: sequence order is commit order.
+    Under REPEATABLE READ or SERIALIZABLE a concurrent sender of the same key
+    that committed first makes the database abort the caller's transaction;
+    that surfaces as ``KeyConflict``, which says so and what to do.
     """
+    try:
+        return _next_sequence(db, destination, key)
+    except OperationalError as exc:
+        if not is_transient(exc):
+            raise
+        raise KeyConflict(
+            f"send(key={key!r}) conflicted with a concurrent send of the same key to "
+            f"{destination!r}: under REPEATABLE READ or SERIALIZABLE isolation the database "
+            "aborted this transaction (it cannot be used further). Retry the whole "
+            "transaction, or send keyed messages from READ COMMITTED transactions "
+            "(Django's default)"
+        ) from exc
+
+
+def _next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
     connection = connections[db]
     if connection.features.can_return_columns_from_insert and connection.vendor in (
         "postgresql",
@@ -152,12 +173,14 @@ def next_sequence(db: str, destination: str, key: str) -> int:
         table, last = q(OutboxKey._meta.db_table), q("last_sequence")
         with connection.cursor() as cursor:
             cursor.execute(
-                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}) VALUES (%s, %s, 1) "
+                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}, {q('blocked')}) "
+                "VALUES (%s, %s, 1, %s) "
                 f"ON CONFLICT ({q('destination')}, {q('key')}) DO UPDATE "
-                f"SET {last} = {table}.{last} + 1 RETURNING {last}",
-                [destination, key],
+                f"SET {last} = {table}.{last} + 1 RETURNING {last}, {q('blocked')}",
+                [destination, key, False],
             )
-            return int(cursor.fetchone()[0])
+            sequence, blocked = cursor.fetchone()
+            return int(sequence), bool(blocked)
     if connection.vendor == "mysql":
         q = connection.ops.quote_name
         table, last = q(OutboxKey._meta.db_table), q("last_sequence")
@@ -166,20 +189,23 @@ def next_sequence(db: str, destination: str, key: str) -> int:
             # The upsert locks the counter row until commit; the SELECT in the
             # same transaction reads the value this transaction wrote.
             cursor.execute(
-                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}) VALUES (%s, %s, 1) "
-                f"ON DUPLICATE KEY UPDATE {last} = {last} + 1",
-                [destination, key],
+                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}, {q('blocked')}) "
+                f"VALUES (%s, %s, 1, %s) ON DUPLICATE KEY UPDATE {last} = {last} + 1",
+                [destination, key, False],
             )
-            cursor.execute(f"SELECT {last} FROM {table} WHERE {where}", [destination, key])
-            return int(cursor.fetchone()[0])
+            cursor.execute(
+                f"SELECT {last}, {q('blocked')} FROM {table} WHERE {where}", [destination, key]
+            )
+            sequence, blocked = cursor.fetchone()
+            return int(sequence), bool(blocked)
     counters = OutboxKey.objects.using(db)
     row, created = counters.select_for_update().get_or_create(
         destination=destination, key=key, defaults={"last_sequence": 1}
     )
     if created:
-        return 1
+        return 1, False
     counters.filter(pk=row.pk).update(last_sequence=F("last_sequence") + 1)
-    return row.last_sequence + 1
+    return row.last_sequence + 1, row.blocked
 
 
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -209,9 +235,9 @@ def _check_text(name: str, value: Any, limit: int, *, required: bool = False) ->
     if value is None and not required:
         return
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        raise InvalidMessage(f"{name} must be a non-empty string, got {value!r}")
     if len(value) > limit:
-        raise ValueError(f"{name} is {len(value)} characters; the limit is {limit}")
+        raise InvalidMessage(f"{name} is {len(value)} characters; the limit is {limit}")
     _check_printable(name, value)
 
 
@@ -219,11 +245,11 @@ def _check_printable(name: str, value: str) -> None:
     # These travel as message and HTTP headers: control characters (CR/LF
     # above all) would be refused there, or worse, split a header in two.
     if _CONTROL.search(value):
-        raise ValueError(f"{name} {value!r} contains control characters")
+        raise InvalidMessage(f"{name} {value!r} contains control characters")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{name} {value!r} is not valid UTF-8 text: {exc}") from exc
+        raise InvalidMessage(f"{name} {value!r} is not valid UTF-8 text: {exc}") from exc
 
 
 def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -238,6 +264,6 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
         try:
             _check_printable("header name", name)
             _check_printable(f"header {name!r}", value)
-        except ValueError as exc:
+        except InvalidMessage as exc:
             raise PayloadError(str(exc)) from exc
     return dict(headers)

@@ -9,7 +9,6 @@ from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.conf import Settings
 from django_outbox.engine import sweeps
-from django_outbox.engine.heartbeat import rescue_dead_workers
 from django_outbox.engine.sweeps import RescueResult
 from django_outbox.outbox.relay import Publishing, Relay
 
@@ -56,14 +55,17 @@ def purge_finished_messages(
 def sweep(
     *, using: str = DEFAULT_DB_ALIAS, now: datetime | None = None, time_budget: float | None = None
 ) -> dict[str, Any]:
-    """One recovery pass: rescue dead workers' rows and expired leases, then drain."""
-    of_dead_workers = rescue_dead_workers(using)
+    """One recovery pass: rescue expired leases, then drain.
+
+    The rows of dead workers are rescued sooner, by the heartbeat threads of
+    live ones (which first prove themselves healthy for a whole timeout; a
+    sweep run after a database outage must not judge them).
+    """
     rescued = rescue_stuck_messages(now=now, using=using)
     relay = Relay(using=using, clock=(lambda: now) if now is not None else None)
     drained = relay.drain(time_budget=time_budget)
     return {
         "resent": rescued.resent,
         "held": rescued.held,
-        "rescued_from_dead_workers": sum(of_dead_workers.values()),
         **drained.as_dict(),
     }

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 
 from django_outbox.engine import clock
@@ -68,14 +68,26 @@ class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
         )
 
     def cancel(self, now: datetime | None = None) -> int:
-        """Cancel messages that are not being sent and not finished."""
-        return self.filter(state__in=CANCELLABLE_STATES).update(
-            state=OutboxState.CANCELLED,
-            finished_at=clock.now(now),
-            locked_until=None,
-            lock_token=None,
-            claimed_by=None,
-        )
+        """Cancel messages that are not being sent and not finished; the messages parked
+        behind a cancelled one of their key are released."""
+        from django_outbox.engine import ordering
+        from django_outbox.outbox.relay import Publishing
+
+        with transaction.atomic(using=self.db):
+            cancellable = self.filter(state__in=CANCELLABLE_STATES)
+            heads = list(cancellable.filter(blocking=True).only("destination", "key"))
+            count = cancellable.update(
+                state=OutboxState.CANCELLED,
+                finished_at=clock.now(now),
+                locked_until=None,
+                lock_token=None,
+                claimed_by=None,
+                blocking=False,
+                blocked=False,
+            )
+            if heads:
+                ordering.unblock(Publishing(using=self.db), heads)
+        return count
 
 
 class OutboxMessage(EngineRow):
@@ -102,6 +114,13 @@ class OutboxMessage(EngineRow):
     uncertain = models.BooleanField(
         default=False, help_text="The sender died mid-publish: it may or may not have arrived."
     )
+    blocked = models.BooleanField(
+        default=False,
+        help_text="Waits behind a failed earlier message of its key (kept out of the due index).",
+    )
+    blocking = models.BooleanField(
+        default=False, help_text="Failed while later messages of its key wait behind it."
+    )
     sent_at = models.DateTimeField(null=True, blank=True)
 
     objects = OutboxMessageQuerySet.as_manager()
@@ -117,9 +136,11 @@ class OutboxMessage(EngineRow):
         )
         indexes = (
             # The relay's hot query: what is due, oldest first.
+            # Messages parked behind a failed one of their key are not in it:
+            # a parked key costs the claim nothing, however long its queue.
             models.Index(
                 fields=("available_at", "id"),
-                condition=Q(state="should_be_sent"),
+                condition=Q(state="should_be_sent", blocked=False),
                 name="outbox_msg_due_idx",
             ),
             models.Index(
@@ -200,6 +221,9 @@ class OutboxKey(models.Model):
     destination = models.CharField(max_length=100)
     key = models.CharField(max_length=255)
     last_sequence = models.BigIntegerField(default=0)
+    blocked = models.BooleanField(
+        default=False, help_text="A message of this key failed: new ones are sent parked."
+    )
 
     class Meta:
         app_label = "django_outbox"

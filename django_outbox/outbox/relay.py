@@ -31,7 +31,7 @@ from django_outbox.exceptions import (
     UnknownDestination,
 )
 from django_outbox.outbox.envelope import Envelope
-from django_outbox.outbox.models import UNFINISHED_STATES, OutboxMessage, OutboxState
+from django_outbox.outbox.models import UNFINISHED_STATES, OutboxKey, OutboxMessage, OutboxState
 from django_outbox.outbox.transports.base import Transport
 from django_outbox.outbox.transports.registry import get_transport
 
@@ -48,6 +48,7 @@ CLAIMED_FIELDS = (
     "correlation_id",
     "attempts",
     "created_at",
+    "blocking",
 )
 
 #: The Celery task an on-commit trigger of the outbox sends.
@@ -86,6 +87,7 @@ class Publishing(Part):
         key_fields=("destination", "key"),
         sequence_field="sequence",
         blocking_states=UNFINISHED_STATES,
+        counter=OutboxKey,
     )
 
     def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
@@ -214,12 +216,9 @@ class Relay(Runner):
 
     def claimable(self, at: datetime | None = None) -> Any:
         """Due messages whose key has no earlier unfinished message (the claim's query)."""
-        part = self.part
-        due = part.model._default_manager.using(part.using).filter(
-            state=part.lifecycle.ready, available_at__lte=clock.now(at)
-        )
+        part = Publishing(using=self.using, clock=(lambda: at) if at is not None else None)
         assert part.ordering is not None
-        return ordering.heads_only(due, part.ordering).order_by("available_at", "id")
+        return ordering.heads_only(part.due(), part.ordering)
 
 
 def _publish_order(message: OutboxMessage) -> tuple[Any, ...]:

@@ -264,9 +264,11 @@ def configure(dispatch: str = "none") -> None:
     from django.conf import settings
 
     settings.DJANGO_OUTBOX = {
-        "DESTINATIONS": {
-            "bench-redis": {"TRANSPORT": "kombu", "URL": REDIS_URL, "QUEUE": QUEUE},
-            "bench-rabbit": {"TRANSPORT": "kombu", "URL": AMQP_URL, "QUEUE": QUEUE},
+        "OUTBOX": {
+            "DESTINATIONS": {
+                "bench-redis": {"TRANSPORT": "kombu", "URL": REDIS_URL, "QUEUE": QUEUE},
+                "bench-rabbit": {"TRANSPORT": "kombu", "URL": AMQP_URL, "QUEUE": QUEUE},
+            },
         },
         "DISPATCH": dispatch,
     }

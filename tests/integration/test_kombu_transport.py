@@ -133,3 +133,40 @@ def test_rabbitmq_message_no_queue_takes_is_not_recorded_as_sent(configure_outbo
     assert message.state == OutboxState.SHOULD_BE_SENT
     assert "unroutable" in message.last_error
     assert "'nobody-order.created'" in message.last_error
+
+
+def test_rabbitmq_a_returned_message_holds_back_the_rest_of_its_key(
+    configure_outbox, amqp_url, queue_name
+):
+    # Message 1 of key "k" is unroutable; 2 and 3 would be confirmed. They must
+    # wait for 1's confirm, then stay unattempted: never published ahead of it.
+    exchange = f"{queue_name}-ex"
+    configure_outbox(
+        DESTINATIONS={
+            "default": {
+                "TRANSPORT": "kombu",
+                "URL": amqp_url,
+                "EXCHANGE": exchange,
+                "QUEUE": queue_name,
+                "ROUTING_KEY": "{type}",
+                "BINDING_KEY": "ok",
+            }
+        }
+    )
+    first = django_outbox.send("lost", {"n": 1}, key="k")
+    behind = [django_outbox.send("ok", {"n": n}, key="k") for n in (2, 3)]
+    other = django_outbox.send("ok", {"n": 1}, key="j")
+    try:
+        result = Relay().run_batch()
+        received = drain_queue(amqp_url, queue_name)
+    finally:
+        with Connection(amqp_url) as connection:
+            connection.default_channel.queue_delete(queue_name)
+            connection.default_channel.exchange_delete(exchange)
+    assert [m.headers["outbox-message-id"] for m in received] == [str(other.message_id)]
+    assert (result.sent, result.retried, result.released) == (1, 1, 2)
+    first.refresh_from_db()
+    assert "unroutable" in first.last_error
+    for message in behind:
+        message.refresh_from_db()
+        assert (message.state, message.attempts) == (OutboxState.SHOULD_BE_SENT, 0)

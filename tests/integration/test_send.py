@@ -275,3 +275,69 @@ def test_a_forked_child_starts_with_a_fresh_dispatcher(configure_outbox):
     finally:
         background._lock.release()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"type": ""},
+        {"type": "t", "key": 5},
+        {"type": "order\ncreated"},
+        {"type": "t", "payload": None},
+        {"type": "t", "payload": {"x": object()}},
+        {"type": "t", "headers": {"a": 1}},
+    ],
+)
+def test_every_refusal_of_send_is_one_family_of_errors(call):
+    arguments = {"payload": {}, **call}
+    with pytest.raises(django_outbox.InvalidMessage):
+        django_outbox.send(arguments.pop("type"), arguments.pop("payload"), **arguments)
+
+
+def test_the_returned_message_holds_the_payload_as_it_will_be_published():
+    import datetime
+
+    when = datetime.datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=datetime.UTC)
+    message = django_outbox.send("t", {"amount": decimal.Decimal("1.50"), "at": when, 7: "x"})
+    assert message.payload == {"amount": "1.50", "at": "2026-11-23T12:00:00.123Z", "7": "x"}
+    message.refresh_from_db()
+    assert message.payload == {"amount": "1.50", "at": "2026-11-23T12:00:00.123Z", "7": "x"}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_keyed_send_racing_under_repeatable_read_raises_a_clear_error():
+    from django.db import connections
+
+    django_outbox.send("t", {}, key="k")  # the counter row exists
+    outcome = {}
+
+    def repeatable_read_sender(snapshot_taken, other_committed):
+        try:
+            with transaction.atomic():
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    cursor.execute("SELECT 1")  # the snapshot is taken here
+                snapshot_taken.set()
+                other_committed.wait(5)
+                django_outbox.send("t", {}, key="k")
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            connections["default"].close()
+
+    snapshot_taken, other_committed = threading.Event(), threading.Event()
+    thread = threading.Thread(target=repeatable_read_sender, args=(snapshot_taken, other_committed))
+    thread.start()
+    assert snapshot_taken.wait(5)
+    django_outbox.send("t", {}, key="k")  # commits after the snapshot
+    other_committed.set()
+    thread.join(10)
+    error = outcome["error"]
+    assert isinstance(error, django_outbox.KeyConflict), error
+    assert "REPEATABLE READ or SERIALIZABLE" in str(error)
+    assert "Retry the whole transaction" in str(error)
+    assert list(OutboxMessage.objects.values_list("sequence", flat=True).order_by("sequence")) == [
+        1,
+        2,
+    ]

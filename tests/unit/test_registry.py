@@ -22,3 +22,29 @@ def test_each_thread_gets_its_own_transport_and_keeps_it():
     assert a1 is a2 and b1 is b2  # reused within a thread
     assert a1 is not b1  # never shared between threads
     registry.close_all()
+
+
+class Closing:
+    closed = 0
+
+
+def test_a_threads_transports_are_closed_when_the_thread_ends(monkeypatch):
+    from django_outbox.outbox.transports.memory import MemoryTransport
+
+    def close(self):
+        Closing.closed += 1
+
+    monkeypatch.setattr(MemoryTransport, "close", close)
+    Closing.closed = 0
+    destination = Destination(name="d", transport="memory")
+    before = registry.open_count()
+    # As a gevent pool does: every task in a short-lived thread of its own.
+    for _ in range(50):
+        thread = threading.Thread(target=registry.get_transport, args=(destination,))
+        thread.start()
+        thread.join()
+    import gc
+
+    gc.collect()
+    assert Closing.closed == 50
+    assert registry.open_count() == before

@@ -11,7 +11,7 @@ from uuid import UUID
 from django.core import checks
 
 from django_outbox.conf import Destination
-from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
+from django_outbox.exceptions import DeliveryError, PermanentError, UncertainError
 from django_outbox.outbox.envelope import Envelope
 
 logger = logging.getLogger("django_outbox.transport")
@@ -82,7 +82,8 @@ class Transport:
                 outcomes[envelope.message_id] = PermanentError(f"cannot encode the message: {exc}")
             except Exception as exc:  # a transport bug must not lose the row
                 logger.exception("unexpected error publishing %s", envelope.message_id)
-                outcomes[envelope.message_id] = RetryableError(f"{type(exc).__name__}: {exc}")
+                # It may have gone out before the error: uncertain, not merely retryable.
+                outcomes[envelope.message_id] = UncertainError(f"{type(exc).__name__}: {exc}")
             else:
                 outcomes[envelope.message_id] = None
                 continue

@@ -3,6 +3,11 @@
 The remote task is called with the payload as its only positional argument;
 its Celery task id is the message id (so the remote side can deduplicate),
 and the ``outbox-*`` values travel as message headers.
+
+Celery publishes without waiting for the broker unless its transport is told
+to: on RabbitMQ set ``CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish":
+True}``, or a broker crash loses messages already recorded as sent. System
+check ``django_outbox.W016`` says so when it is missing.
 """
 
 from __future__ import annotations
@@ -11,10 +16,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery import current_app
+from django.core import checks
 
-from django_outbox.exceptions import RetryableError
+from django_outbox.conf import Destination
+from django_outbox.exceptions import RetryableError, UncertainError
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.transports.base import Outcomes, Transport
+
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def confirms_publishes(app: Any) -> bool:
+    """Whether *app* waits for RabbitMQ's publisher confirms (non-AMQP brokers: True)."""
+    url = str(app.conf.broker_write_url or app.conf.broker_url or "")
+    if not url.split("://", 1)[0].lower().startswith(AMQP_SCHEMES):
+        return True
+    options = app.conf.broker_transport_options or {}
+    return bool(options.get("confirm_publish"))
 
 
 class CeleryTransport(Transport):
@@ -25,6 +43,23 @@ class CeleryTransport(Transport):
     """
 
     required_options = ("task",)
+
+    @classmethod
+    def check(cls, destination: Destination) -> list[checks.CheckMessage]:
+        problems = super().check(destination)
+        app: Any = current_app
+        if not confirms_publishes(app):
+            problems.append(
+                checks.Warning(
+                    f"destination {destination.name!r}: the Celery app publishes to RabbitMQ "
+                    "without publisher confirms, so a message is recorded as sent as soon as "
+                    "it is written to the socket: a broker crash can lose it",
+                    hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'confirm_publish': True}, or "
+                    "use the kombu transport (confirms per batch).",
+                    id="django_outbox.W016",
+                )
+            )
+        return problems
 
     def publish(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Outcomes:
         app = current_app
@@ -50,4 +85,9 @@ class CeleryTransport(Transport):
                 retry=False,
             )
         except Exception as exc:
-            raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
+            text = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, ConnectionRefusedError) or "Connection refused" in str(exc):
+                raise RetryableError(text) from exc  # nothing left this process
+            # The task message may have been written before the error (a lost
+            # confirm, a connection reset): uncertain, parked under "hold".
+            raise UncertainError(text) from exc

@@ -269,13 +269,28 @@ class _AmqpPublisher(_Publisher):
         self._settle(delivery_tag, multiple, RetryableError("RabbitMQ nacked the message"))
 
     def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
+        """Publish the batch, then wait once for the confirms.
+
+        At most one message per key is unconfirmed at a time: before the next
+        message of a key goes out, the confirms in flight are awaited, and if
+        the earlier one was nacked or returned the rest of its key stays
+        unattempted. So a key is never reordered by a failure, while a batch
+        of distinct keys still costs one confirm wait.
+        """
         self._pending = {}
         self._outcomes = {}
         self._returned = {}
         handed_over: set[UUID] = set()
+        in_flight: dict[str, UUID] = {}  # key -> its unconfirmed message
         try:
             producer = self._connect()
             for envelope in envelopes:
+                key = envelope.key
+                if self.confirm and key is not None and key in in_flight:
+                    self._await_confirms()
+                    in_flight.clear()
+                if key is not None and self._key_failed(key, envelopes):
+                    continue
                 producer.publish(
                     envelope.body(), mandatory=self.confirm, **self.publish_arguments(envelope)
                 )
@@ -283,6 +298,8 @@ class _AmqpPublisher(_Publisher):
                 if self.confirm:
                     self._pending[self._next_tag] = envelope.message_id
                     self._next_tag += 1
+                    if key is not None:
+                        in_flight[key] = envelope.message_id
                 else:
                     self._outcomes[envelope.message_id] = None
             self._await_confirms()
@@ -297,6 +314,14 @@ class _AmqpPublisher(_Publisher):
                 lost = unknown if envelope.message_id in handed_over else error
                 self._outcomes.setdefault(envelope.message_id, lost)
         return self._outcomes
+
+    def _key_failed(self, key: str, envelopes: Sequence[Envelope]) -> bool:
+        """Whether an earlier message of *key* in this batch was nacked or returned."""
+        return any(
+            e.key == key and self._outcomes.get(e.message_id) is not None
+            for e in envelopes
+            if e.message_id in self._outcomes
+        )
 
     def _await_confirms(self) -> None:
         deadline = time.monotonic() + self.timeout
@@ -378,7 +403,7 @@ class _RedisPublisher(_Publisher):
         except self._redis.RedisError as exc:
             logger.warning("Redis publish to %s failed: %s", self.safe_url, exc)
             error = _error(exc)
-            if isinstance(exc, self._redis.TimeoutError):
+            if _may_have_arrived(exc, self._redis):
                 # The LPUSH was sent; whether Redis applied it is unknown.
                 error = UncertainError(str(error))
             outcomes.update((e.message_id, error) for e in good)
@@ -388,6 +413,14 @@ class _RedisPublisher(_Publisher):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _may_have_arrived(exc: Exception, redis: Any) -> bool:
+    """Whether a Redis error came after the command was written: a timeout, or a
+    connection lost while waiting for the reply (not a refused or failed connect)."""
+    if isinstance(exc, redis.TimeoutError):
+        return True
+    return isinstance(exc, redis.ConnectionError) and "connecting to" not in str(exc)
 
 
 class _ProducerPublisher(_Publisher):
@@ -400,6 +433,7 @@ class _ProducerPublisher(_Publisher):
 
     def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
         outcomes: Outcomes = {}
+        in_flight: Envelope | None = None
         try:
             if self._connection is None:
                 self._connection = kombu.Connection(
@@ -412,14 +446,19 @@ class _ProducerPublisher(_Publisher):
                 else []
             )
             for envelope in envelopes:
+                in_flight = envelope
                 producer.publish(
                     envelope.body(), declare=declare, **self.publish_arguments(envelope)
                 )
                 outcomes[envelope.message_id] = None
+                in_flight = None
         except Exception as exc:
             logger.warning("kombu publish to %s failed: %s", self.safe_url, exc)
             self.close()
             error = _error(exc)
+            if in_flight is not None:
+                # It was being written when the error came: it may have arrived.
+                outcomes[in_flight.message_id] = UncertainError(str(error))
             for envelope in envelopes:
                 outcomes.setdefault(envelope.message_id, error)
         return outcomes

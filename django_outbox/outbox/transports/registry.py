@@ -1,10 +1,19 @@
-"""One transport instance per destination per process, built lazily."""
+"""One transport instance per destination per thread, built lazily, closed with its thread.
+
+Transports hold connections and per-batch state, so threads never share one
+(Celery's thread pools; gevent and eventlet pools, where every task runs in a
+greenlet with its own ``threading.local``). The transports of a thread live
+in that thread's local storage: when the thread or greenlet ends, the storage
+is dropped and a finalizer closes them, so short-lived greenlets leave no
+connection open behind them.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
+import weakref
 
 from django.utils.module_loading import import_string
 
@@ -13,10 +22,23 @@ from django_outbox.conf import Destination
 from django_outbox.exceptions import ConfigurationError
 from django_outbox.outbox.transports.base import Transport
 
+
+class _Holder:
+    """A thread's transports by destination name; when the thread's local storage
+    drops it, a finalizer closes them (it holds the dict, not the holder)."""
+
+    __slots__ = ("__weakref__", "transports")
+
+    def __init__(self) -> None:
+        self.transports: dict[str, Transport] = {}
+        weakref.finalize(self, _close_each, self.transports)
+
+
+_local = threading.local()
 _lock = threading.Lock()
-#: Keyed by (process, thread, destination): transports hold connections and
-#: per-batch state, so threads (Celery's thread or gevent pools) never share one.
-_transports: dict[tuple[int, int, str], Transport] = {}
+#: Every live thread's holder in this process, for ``close_all``.
+_everyone: weakref.WeakSet[_Holder] = weakref.WeakSet()
+_pid = os.getpid()
 
 
 def transport_class(destination: Destination) -> type[Transport]:
@@ -34,30 +56,53 @@ def transport_class(destination: Destination) -> type[Transport]:
     return cls
 
 
-def get_transport(destination: Destination) -> Transport:
-    """This thread's transport for *destination* (rebuilt after fork)."""
-    slot = (os.getpid(), threading.get_ident(), destination.name)
-    transport = _transports.get(slot)
-    if transport is None or transport.destination != destination:
+def _mine() -> dict[str, Transport]:
+    global _pid
+    if _pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
         with _lock:
-            transport = _transports.get(slot)
-            if transport is None or transport.destination != destination:
-                if transport is not None:
-                    transport.close()
-                transport = transport_class(destination)(destination)
-                _transports[slot] = transport
+            _pid = os.getpid()
+            _everyone.clear()
+        _local.__dict__.clear()
+    holder: _Holder | None = getattr(_local, "holder", None)
+    if holder is None:
+        holder = _local.holder = _Holder()
+        with _lock:
+            _everyone.add(holder)
+    return holder.transports
+
+
+def _close_each(transports: dict[str, Transport]) -> None:
+    for transport in list(transports.values()):
+        with contextlib.suppress(Exception):  # closing is best effort
+            transport.close()
+    transports.clear()
+
+
+def get_transport(destination: Destination) -> Transport:
+    """This thread's transport for *destination* (rebuilt after fork or a settings change)."""
+    transports = _mine()
+    transport = transports.get(destination.name)
+    if transport is None or transport.destination != destination:
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.close()
+        transport = transport_class(destination)(destination)
+        transports[destination.name] = transport
     return transport
+
+
+def open_count() -> int:
+    """Transports held by live threads of this process (for tests and diagnostics)."""
+    with _lock:
+        return sum(len(holder.transports) for holder in _everyone)
 
 
 def close_all() -> None:
     """Close and forget every transport this process built."""
     with _lock:
-        pid = os.getpid()
-        for (owner, _, _), transport in list(_transports.items()):
-            if owner == pid:
-                with contextlib.suppress(Exception):  # closing is best effort
-                    transport.close()
-        _transports.clear()
+        every = list(_everyone)
+    for holder in every:
+        _close_each(holder.transports)
 
 
 conf.on_change(close_all)
