@@ -81,7 +81,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 100000 --repeat 3
 
 bench-ci: $(VENV)/.installed
-	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0
+	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational
 
 # The crash and recovery acceptance tests at full size (make test runs them reduced).
 chaos: $(VENV)/.installed

@@ -43,11 +43,33 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         "postgres": "postgresql" not in engine,
         "row_locks": "sqlite" in engine,
     }
+    reasons = {
+        "postgres": "needs PostgreSQL (LISTEN/NOTIFY, EXPLAIN): set DATABASE_URL=postgres://…",
+        "row_locks": "needs a database several processes can claim from (PostgreSQL or "
+        "MariaDB): set DATABASE_URL",
+    }
     for item in items:
         for marker, absent in missing.items():
             if absent and marker in item.keywords:
-                reason = f"needs a {marker} database: set DATABASE_URL"
-                item.add_marker(pytest.mark.skip(reason=reason))
+                item.add_marker(pytest.mark.skip(reason=reasons[marker]))
+
+
+#: The Redis database ``make test`` gives Celery as its broker; emptied after the run.
+TEST_CELERY_BROKER = "redis://127.0.0.1:6379/14"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def empty_the_test_celery_broker_afterwards() -> Iterator[None]:
+    yield
+    if os.environ.get("CELERY_BROKER_URL") == TEST_CELERY_BROKER:
+        import redis
+
+        try:
+            client = redis.Redis.from_url(TEST_CELERY_BROKER, socket_connect_timeout=1)
+            client.flushdb()
+            client.close()
+        except redis.RedisError:
+            pass
 
 
 @pytest.fixture(autouse=True)
@@ -78,14 +100,16 @@ def configure_outbox(settings: Any) -> Callable[..., dict[str, Any]]:
 
 
 @pytest.fixture
-def redis_url() -> str:
+def redis_url() -> Iterator[str]:
+    """The test Redis database, empty at the start and emptied again at the end."""
     services.require("redis")
     import redis
 
     client = redis.Redis.from_url(services.REDIS_URL)
     client.flushdb()
+    yield services.REDIS_URL
+    client.flushdb()
     client.close()
-    return services.REDIS_URL
 
 
 @pytest.fixture
@@ -95,8 +119,11 @@ def amqp_url() -> str:
 
 
 @pytest.fixture
-def queue_name() -> str:
-    return f"outbox-test-{uuid.uuid4().hex[:12]}"
+def queue_name() -> Iterator[str]:
+    """A fresh queue name; the RabbitMQ queue of that name is deleted afterwards."""
+    name = f"outbox-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    services.delete_rabbitmq_queue(name)
 
 
 def test_database_url() -> str:

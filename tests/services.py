@@ -33,3 +33,19 @@ def require(name: str) -> None:
         if services_required():
             pytest.fail(message)
         pytest.skip(message)
+
+
+def delete_rabbitmq_queue(name: str) -> None:
+    """Delete queue *name* and the exchanges tests and Celery workers declare for it
+    (``name``, ``name-ex``) if RabbitMQ is up."""
+    try:
+        socket.create_connection(SERVICES["rabbitmq"], timeout=1).close()
+    except OSError:
+        return
+    from kombu import Connection
+
+    with Connection(AMQP_URL, connect_timeout=2) as connection:
+        channel = connection.default_channel
+        channel.queue_delete(name)
+        channel.exchange_delete(name)
+        channel.exchange_delete(f"{name}-ex")

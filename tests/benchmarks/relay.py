@@ -301,6 +301,11 @@ def main() -> int:
         default="10000,1000000",
         help="Comma-separated backlog sizes for the relay memory measurement ('' to skip).",
     )
+    parser.add_argument(
+        "--informational",
+        action="store_true",
+        help="A reduced run (make test): say that its figures are not the real ones.",
+    )
     args = parser.parse_args()
     setup_django()
     configure()
@@ -391,8 +396,14 @@ def main() -> int:
     if rss:
         checks["relay RSS < 150 MB at every backlog"] = all(mb < 150 for _, mb in rss)
     print()
+    if args.informational:
+        print(
+            "Reduced run (make test): figures are informational, never asserted, and too "
+            "small to compare with the targets; the real figures come from `make bench` "
+            "(docs/benchmarks.md)."
+        )
     for name, met in checks.items():
-        print(f"- {name}: {'met' if met else 'MISSED'}")
+        print(f"- {name}: {'met' if met else 'missed'}")
     return 0
 
 

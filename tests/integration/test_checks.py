@@ -118,3 +118,9 @@ def test_our_own_distribution_is_not_mistaken_for_the_unrelated_one() -> None:
         "django-outbox-inbox"
     )
     assert not [m for m in check_settings() if m.id == "django_outbox.E004"]
+
+
+def test_a_misspelt_transport_alias_suggests_the_closest(configure_outbox):
+    configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "kombuu", "URL": "redis://x"}})
+    [error] = [m for m in check_settings() if m.id == "django_outbox.E002"]
+    assert "unknown transport 'kombuu' (did you mean 'kombu'?)" in error.msg

@@ -260,6 +260,9 @@ def test_keys_that_differ_only_in_case_or_trailing_space_are_different_keys():
     assert sequences == [1, 1, 1]
 
 
+# Forking a process with threads is the very case under test (Celery's prefork
+# pool does it): Python 3.12's warning about it is expected here.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_starts_with_a_fresh_dispatcher(configure_outbox):
     import os
 

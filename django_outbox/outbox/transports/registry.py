@@ -18,7 +18,7 @@ import weakref
 from django.utils.module_loading import import_string
 
 from django_outbox import conf
-from django_outbox.conf import Destination
+from django_outbox.conf import TRANSPORT_ALIASES, Destination, suggest
 from django_outbox.exceptions import ConfigurationError
 from django_outbox.outbox.transports.base import Transport
 
@@ -44,6 +44,12 @@ _pid = os.getpid()
 def transport_class(destination: Destination) -> type[Transport]:
     """Import the class configured for *destination*; raise ``ConfigurationError``."""
     path = destination.transport_path
+    if "." not in path:
+        raise ConfigurationError(
+            f"destination {destination.name!r}: unknown transport {path!r}"
+            f"{suggest(path, TRANSPORT_ALIASES)}; use one of {', '.join(TRANSPORT_ALIASES)} "
+            "or the dotted path of a Transport class"
+        )
     try:
         cls = import_string(path)
     except ImportError as exc:
