@@ -33,7 +33,8 @@ def deliver_messages(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) 
 
 @shared_task(name="django_outbox.sweep_outbox", ignore_result=True, bind=True)
 def sweep_outbox(self: Task, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Beat: rescue dead workers' rows and expired leases, then deliver everything due."""
+    """Beat: rescue expired leases, then deliver everything due (dead workers' rows are
+    rescued sooner by the heartbeat threads of live workers)."""
     from django_outbox.outbox.maintenance import sweep
 
     _in_a_worker(self)

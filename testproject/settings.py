@@ -63,7 +63,13 @@ if DATABASE_URL.startswith("mysql"):
 
     pymysql.version_info = (2, 2, 7, "final", 0)
     pymysql.install_as_MySQLdb()
-DATABASES: dict[str, Any] = {"default": dj_database_url.parse(DATABASE_URL)}
+# Persistent connections (seconds) for long-running processes such as Celery
+# workers: without them every task opens a new database connection.
+DATABASES: dict[str, Any] = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=int(os.environ.get("TESTPROJECT_CONN_MAX_AGE", "0"))
+    )
+}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"] = {
         # One writer at a time, taken at BEGIN: claims never deadlock on upgrade.

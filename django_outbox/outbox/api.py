@@ -154,12 +154,25 @@ def next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
     except OperationalError as exc:
         if not is_transient(exc):
             raise
+        cause = exc.__cause__ or exc
+        if getattr(cause, "sqlstate", None) == "40001":
+            why = (
+                "under REPEATABLE READ or SERIALIZABLE isolation a concurrent send of the "
+                "same key committed first"
+            )
+            advice = (
+                "Retry the whole transaction, or send keyed messages from READ COMMITTED "
+                "transactions (Django's default)"
+            )
+        else:
+            why = f"the database chose this transaction as a deadlock victim ({cause})"
+            advice = (
+                "Retry the whole transaction; transactions that send to several keys avoid "
+                "deadlocks by sending them in the same order"
+            )
         raise KeyConflict(
-            f"send(key={key!r}) conflicted with a concurrent send of the same key to "
-            f"{destination!r}: under REPEATABLE READ or SERIALIZABLE isolation the database "
-            "aborted this transaction (it cannot be used further). Retry the whole "
-            "transaction, or send keyed messages from READ COMMITTED transactions "
-            "(Django's default)"
+            f"send(key={key!r}) to {destination!r} failed: {why}; the transaction was "
+            f"aborted and cannot be used further. {advice}"
         ) from exc
 
 

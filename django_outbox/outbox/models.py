@@ -114,12 +114,17 @@ class OutboxMessage(EngineRow):
     uncertain = models.BooleanField(
         default=False, help_text="The sender died mid-publish: it may or may not have arrived."
     )
+    # Database defaults too: during a rolling deploy, processes of the previous
+    # release still insert rows without these columns.
     blocked = models.BooleanField(
         default=False,
+        db_default=False,
         help_text="Waits behind a failed earlier message of its key (kept out of the due index).",
     )
     blocking = models.BooleanField(
-        default=False, help_text="Failed while later messages of its key wait behind it."
+        default=False,
+        db_default=False,
+        help_text="Failed while later messages of its key wait behind it.",
     )
     sent_at = models.DateTimeField(null=True, blank=True)
 
@@ -222,7 +227,9 @@ class OutboxKey(models.Model):
     key = models.CharField(max_length=255)
     last_sequence = models.BigIntegerField(default=0)
     blocked = models.BooleanField(
-        default=False, help_text="A message of this key failed: new ones are sent parked."
+        default=False,
+        db_default=False,
+        help_text="A message of this key failed: new ones are sent parked.",
     )
 
     class Meta:

@@ -87,6 +87,15 @@ def clear_redis() -> None:
     client.close()
 
 
+def flush_celery_broker() -> None:
+    """Empty the benchmark's own Celery broker database (stale triggers)."""
+    import redis
+
+    client = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+    client.flushdb()
+    client.close()
+
+
 def redis_length() -> int:
     import redis
 

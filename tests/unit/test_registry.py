@@ -1,5 +1,7 @@
 import threading
 
+import pytest
+
 from django_outbox.conf import Destination
 from django_outbox.outbox.transports import registry
 
@@ -48,3 +50,26 @@ def test_a_threads_transports_are_closed_when_the_thread_ends(monkeypatch):
     gc.collect()
     assert Closing.closed == 50
     assert registry.open_count() == before
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_neither_uses_nor_closes_the_parents_transports(monkeypatch):
+    import os
+
+    from django_outbox.outbox.transports.memory import MemoryTransport
+
+    closed = []
+    monkeypatch.setattr(MemoryTransport, "close", lambda self: closed.append(os.getpid()))
+    destination = Destination(name="d", transport="memory")
+    parent = registry.get_transport(destination)
+    pid = os.fork()
+    if pid == 0:  # the child: a transport of its own, and the parent's left alone
+        import gc
+
+        child = registry.get_transport(destination)
+        gc.collect()
+        os._exit(0 if child is not parent and os.getpid() not in closed else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert registry.get_transport(destination) is parent
+    registry.close_all()

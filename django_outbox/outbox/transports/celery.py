@@ -88,6 +88,8 @@ class CeleryTransport(Transport):
             text = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, ConnectionRefusedError) or "Connection refused" in str(exc):
                 raise RetryableError(text) from exc  # nothing left this process
+            if type(exc).__name__ == "MessageNacked":
+                raise RetryableError(text) from exc  # the broker said it did not take it
             # The task message may have been written before the error (a lost
             # confirm, a connection reset): uncertain, parked under "hold".
             raise UncertainError(text) from exc

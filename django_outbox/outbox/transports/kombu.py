@@ -420,6 +420,8 @@ def _may_have_arrived(exc: Exception, redis: Any) -> bool:
     connection lost while waiting for the reply (not a refused or failed connect)."""
     if isinstance(exc, redis.TimeoutError):
         return True
+    if isinstance(exc, redis.AuthenticationError):
+        return False  # refused at login: nothing was written
     return isinstance(exc, redis.ConnectionError) and "connecting to" not in str(exc)
 
 

@@ -27,11 +27,11 @@ class _Holder:
     """A thread's transports by destination name; when the thread's local storage
     drops it, a finalizer closes them (it holds the dict, not the holder)."""
 
-    __slots__ = ("__weakref__", "transports")
+    __slots__ = ("__weakref__", "finalizer", "transports")
 
     def __init__(self) -> None:
         self.transports: dict[str, Transport] = {}
-        weakref.finalize(self, _close_each, self.transports)
+        self.finalizer = weakref.finalize(self, _close_each, self.transports)
 
 
 _local = threading.local()
@@ -64,9 +64,14 @@ def transport_class(destination: Destination) -> type[Transport]:
 
 def _mine() -> dict[str, Transport]:
     global _pid
-    if _pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
+    if _pid != os.getpid():
+        # A forked child: the parent's sockets are not ours to use, nor to close
+        # (a close frame on a shared AMQP socket would end the parent's
+        # connection). Forget them without closing.
         with _lock:
             _pid = os.getpid()
+            for inherited in list(_everyone):
+                inherited.finalizer.detach()
             _everyone.clear()
         _local.__dict__.clear()
     holder: _Holder | None = getattr(_local, "holder", None)

@@ -1,0 +1,253 @@
+"""Commit → published latency at fixed offered rates, taken at the broker.
+
+    python -m tests.benchmarks.latency --rates 100,500,2000 --seconds 10
+
+For each dispatch mode (``notify``: one ``outbox_relay`` woken by NOTIFY;
+``celery``: one Celery worker running the on-commit trigger tasks) and each
+broker (RabbitMQ with publisher confirms, Redis), producer processes commit
+transactions, each with one ``send()``, paced to the offered rate, and note
+the wall-clock time right after each commit. A consumer on the destination
+queue notes when each message arrives. Latency is arrival minus commit for
+every message (same host, same clock); the report gives p50, p95, p99 and max
+in milliseconds, and the rate actually achieved. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+from tests.benchmarks import relay as harness
+
+ROOT = Path(__file__).resolve().parents[2]
+QUEUE = "outbox-latency"
+PRODUCERS = 4
+
+
+def settings_for(broker: str, dispatch: str) -> dict:
+    url = harness.AMQP_URL if broker == "rabbitmq" else harness.REDIS_URL
+    return {
+        "OUTBOX": {"DESTINATIONS": {"default": {"TRANSPORT": "kombu", "URL": url, "QUEUE": QUEUE}}},
+        "DISPATCH": dispatch,
+    }
+
+
+def child_env(config: dict) -> dict:
+    return {
+        **os.environ,
+        "DATABASE_URL": harness.BENCH_DB,
+        "OUTBOX_SETTINGS_JSON": json.dumps(config),
+        "PYTHONUNBUFFERED": "1",
+        # As production workers should run: a connection per process, kept.
+        "TESTPROJECT_CONN_MAX_AGE": "60",
+    }
+
+
+def produce(config: dict, rate: float, seconds: float, out: multiprocessing.Queue) -> None:
+    """One producer process: commit one send() every 1/rate seconds; report commit times."""
+    os.environ.update(child_env(config))
+    import django
+
+    django.setup()
+    from django.db import transaction
+
+    import django_outbox
+    from django_outbox.engine import triggers
+
+    committed: dict[str, float] = {}
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    n = 0
+    while (elapsed := time.perf_counter() - start) < seconds:
+        due = n * interval
+        if due > elapsed:
+            time.sleep(due - elapsed)
+        with transaction.atomic():
+            message = django_outbox.send("bench.latency", {"n": n})
+        committed[str(message.message_id)] = time.time()
+        n += 1
+    triggers.flush(10)
+    out.put(committed)
+
+
+class Consumer:
+    """Notes the arrival time of every message on the queue, in a thread."""
+
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
+        self.arrived: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    def run(self) -> None:
+        if self.broker == "redis":
+            self.run_redis()
+        else:
+            self.run_rabbitmq()
+
+    def run_redis(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(harness.REDIS_URL)
+        client.delete(QUEUE)
+        self.ready.set()
+        while not self.stop.is_set():
+            item = client.brpop([QUEUE], timeout=0.2)
+            if item:
+                arrived = time.time()
+                self.arrived[json.loads(item[1])["properties"]["message_id"]] = arrived
+        client.close()
+
+    def run_rabbitmq(self) -> None:
+        from kombu import Connection, Consumer, Queue
+
+        with Connection(harness.AMQP_URL) as connection:
+            queue = Queue(QUEUE, routing_key=QUEUE, durable=True)
+            queue(connection.default_channel).declare()
+            queue(connection.default_channel).purge()
+
+            def on_message(body: object, message: object) -> None:
+                arrived = time.time()
+                self.arrived[message.properties["message_id"]] = arrived  # type: ignore[attr-defined]
+                message.ack()  # type: ignore[attr-defined]
+
+            with Consumer(connection, [queue], callbacks=[on_message], prefetch_count=1000):
+                self.ready.set()
+                while not self.stop.is_set():
+                    try:
+                        connection.drain_events(timeout=0.2)
+                    except TimeoutError:
+                        pass
+
+
+def start_runner(dispatch: str, config: dict) -> subprocess.Popen:
+    env = child_env(config)
+    if dispatch == "notify":
+        command = [sys.executable, "manage.py", "outbox_relay", "--json", "--interval", "5"]
+    else:
+        command = [
+            *(sys.executable, "-m", "celery", "-A", "testproject", "worker", "--pool=solo"),
+            *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO"),
+        ]
+    log = open(f"/tmp/latency-{dispatch}.log", "w")  # noqa: SIM115
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def measure(dispatch: str, broker: str, rate: float, seconds: float) -> dict:
+    from django.db import connection
+
+    config = settings_for(broker, dispatch)
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE django_outbox_message, django_outbox_key, django_outbox_worker")
+    harness.flush_celery_broker()
+    consumer = Consumer(broker)
+    consumer.start()
+    runner = start_runner(dispatch, config)
+    time.sleep(3)  # the runner is up and listening
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    producers = [
+        context.Process(target=produce, args=(config, rate / PRODUCERS, seconds, results))
+        for _ in range(PRODUCERS)
+    ]
+    for process in producers:
+        process.start()
+    committed: dict[str, float] = {}
+    for _ in producers:
+        committed.update(results.get(timeout=seconds + 120))
+    for process in producers:
+        process.join()
+    deadline = time.monotonic() + 30
+    while len(set(committed) & set(consumer.arrived)) < len(committed):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    consumer.stop.set()
+    consumer.thread.join(5)
+    runner.terminate()
+    runner.wait(30)
+    latencies = sorted(
+        (consumer.arrived[m] - t) * 1000 for m, t in committed.items() if m in consumer.arrived
+    )
+    missing = len(committed) - len(latencies)
+    return {
+        "dispatch": dispatch,
+        "broker": broker,
+        "offered": rate,
+        "achieved": len(committed) / seconds,
+        "p50": percentile(latencies, 0.50),
+        "p95": percentile(latencies, 0.95),
+        "p99": percentile(latencies, 0.99),
+        "max": latencies[-1],
+        "mean": statistics.fmean(latencies),
+        "missing": missing,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--rates", default="100,500,2000", help="Offered messages/s, comma-separated."
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="Duration of each cell.")
+    parser.add_argument("--dispatch", default="notify,celery")
+    parser.add_argument("--brokers", default="rabbitmq,redis")
+    parser.add_argument("--informational", action="store_true")
+    args = parser.parse_args()
+    harness.setup_django()
+    rows = []
+    for dispatch in args.dispatch.split(","):
+        for broker in args.brokers.split(","):
+            for rate in [float(r) for r in args.rates.split(",")]:
+                rows.append(measure(dispatch, broker, rate, args.seconds))
+                print(json.dumps(rows[-1]), flush=True)
+    print(
+        f"\n{date.today()} · {platform.node()} · {os.cpu_count()} cores · Python "
+        f"{platform.python_version()} · {PRODUCERS} producer processes, "
+        f"{args.seconds:g} s per cell, one send() per transaction\n"
+    )
+    print("| dispatch | broker | offered/s | achieved/s | p50 ms | p95 ms | p99 ms | max ms |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['dispatch']} | {r['broker']} | {r['offered']:,.0f} | {r['achieved']:,.0f} | "
+            f"{r['p50']:.1f} | {r['p95']:.1f} | {r['p99']:.1f} | {r['max']:.1f} |"
+            + (f" ({r['missing']} not arrived)" if r["missing"] else "")
+        )
+    targets = {"notify": (5.0, 20.0), "celery": (15.0, 40.0)}
+    print()
+    if args.informational:
+        print("Reduced run (make test): informational; the real figures come from `make bench`.")
+    for r in rows:
+        if r["offered"] == 500 and r["dispatch"] in targets:
+            p50, p99 = targets[r["dispatch"]]
+            met = r["p50"] <= p50 and r["p99"] <= p99
+            print(
+                f"- {r['dispatch']} → {r['broker']} at 500/s: p50 ≤ {p50:g} ms and p99 ≤ "
+                f"{p99:g} ms: {'met' if met else 'missed'}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
