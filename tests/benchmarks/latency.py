@@ -15,6 +15,7 @@ in milliseconds, and the rate actually achieved. Nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -129,10 +130,8 @@ class Consumer:
             with Consumer(connection, [queue], callbacks=[on_message], prefetch_count=1000):
                 self.ready.set()
                 while not self.stop.is_set():
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         connection.drain_events(timeout=0.2)
-                    except TimeoutError:
-                        pass
 
 
 def start_runner(dispatch: str, config: dict) -> subprocess.Popen:
