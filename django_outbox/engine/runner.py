@@ -18,17 +18,32 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import F
 
+from django_outbox import conf
 from django_outbox.engine import clock, heartbeat, ordering
 from django_outbox.engine.backoff import backoff_delay
-from django_outbox.engine.lease import Lease, claim, fenced, update_each, with_ids
+from django_outbox.engine.lease import (
+    IDS,
+    ClaimStatement,
+    Lease,
+    claim,
+    fenced,
+    update_each,
+    with_ids,
+)
 from django_outbox.engine.part import Outcomes, Part
 from django_outbox.engine.retry import retry_transient
 from django_outbox.exceptions import DeliveryError, RetryableError, UncertainError
 
 ERROR_CHARS = 4000
+
+#: Compiled claims (PostgreSQL) per part, database, batch size and whether ids
+#: narrow them: a Celery task builds a new runner for every trigger. Settings
+#: changes (lease length) drop them.
+_STATEMENTS: dict[tuple[type[Part], str, int, bool], ClaimStatement] = {}
+conf.on_change(_STATEMENTS.clear)
 
 
 @dataclass
@@ -77,29 +92,53 @@ class Runner:
         """Claim one batch (restricted to primary keys *ids* if given), do it, record it."""
         return self._run(*self.claim_batch(ids))
 
+    def _claimable(self, ids: Sequence[Any] | None) -> models.QuerySet[Any]:
+        part = self.part
+        queryset = part.due()
+        if ids is not None:
+            queryset = with_ids(queryset, ids)
+        if part.ordering is not None:
+            queryset = ordering.heads_only(queryset, part.ordering)
+        return queryset
+
+    def _prepared(self, narrowed: bool) -> ClaimStatement | None:
+        """This runner's compiled claim on PostgreSQL (none with a pinned clock)."""
+        part = self.part
+        if part.clock is not None or connections[self.using].vendor != "postgresql":
+            return None
+        key = (type(part), self.using, self.batch_size, narrowed)
+        statement = _STATEMENTS.get(key)
+        if statement is None:
+            statement = _STATEMENTS[key] = ClaimStatement.prepare(
+                self._claimable(IDS if narrowed else None),
+                seconds=part.config.lease_seconds,
+                limit=self.batch_size,
+                running_state=part.lifecycle.running,
+                fields=part.claimed_fields,
+            )
+        return statement
+
     def claim_batch(self, ids: Sequence[Any] | None = None) -> tuple[list[Any], Lease]:
         """Claim up to ``batch_size`` due rows under a new lease."""
         part = self.part
         lease = Lease.new(part.config.lease_seconds, heartbeat.current_worker_id())
-        queryset = part.due()
-        if ids is not None:
-            queryset = queryset.filter(pk__in=ids)
-        if part.ordering is not None:
-            queryset = ordering.heads_only(queryset, part.ordering)
-        now = part.now()
-        # One statement (or one transaction): a deadlock victim's claim was
-        # rolled back whole, so running it again under the same lease is safe.
-        rows = retry_transient(
-            lambda: claim(
-                queryset,
+        statement = self._prepared(ids is not None)
+
+        def take() -> list[Any]:
+            if statement is not None:
+                return statement.run(lease, ids)
+            return claim(
+                self._claimable(ids),
                 lease=lease,
                 limit=self.batch_size,
                 running_state=part.lifecycle.running,
                 fields=part.claimed_fields,
-                now=now,
-            ),
-            what=f"{part.name} claim",
-        )
+                now=part.now(),
+            )
+
+        # One statement (or one transaction): a deadlock victim's claim was
+        # rolled back whole, so running it again under the same lease is safe.
+        rows = retry_transient(take, what=f"{part.name} claim")
         room = self.batch_size - len(rows)
         if part.ordering is not None and room > 0 and rows:
             # Followers are an optimisation: if claiming them fails, the heads

@@ -42,7 +42,8 @@ def send(
     published in that order. Costs one INSERT (plus one counter UPSERT when a
     key is given) and at most one dispatch per transaction.
     """
-    config = get_settings().outbox
+    settings = get_settings()
+    config = settings.outbox
     config.destination(to)
     _check_text("type", type, MAX_TYPE_LENGTH, required=True)
     _check_text("key", key, MAX_KEY_LENGTH)
@@ -65,17 +66,27 @@ def send(
         key=key,
         correlation_id=correlation_id,
     )
-    if connections[db].in_atomic_block:
-        _insert(message, text, db)
+    connection = connections[db]
+    # NOTIFY mode on PostgreSQL: the INSERT itself queues the notification,
+    # which PostgreSQL delivers at commit (once per transaction): no on-commit
+    # callback, no extra statement, no extra commit.
+    notify = (
+        settings.notify_channel
+        if settings.dispatch == "notify" and connection.vendor == "postgresql"
+        else None
+    )
+    if connection.in_atomic_block:
+        _insert(message, text, db, notify)
     else:
         # The key counter's row lock must last until the message row commits.
         with transaction.atomic(using=db):
-            _insert(message, text, db)
-    triggers.schedule("outbox", db, message.pk)
+            _insert(message, text, db, notify)
+    if notify is None:
+        triggers.schedule("outbox", db, message.pk)
     return message
 
 
-def _insert(message: OutboxMessage, payload_json: str, db: str) -> None:
+def _insert(message: OutboxMessage, payload_json: str, db: str, notify: str | None) -> None:
     if message.key is not None:
         message.sequence, message.blocked = next_sequence(db, message.destination, message.key)
     connection = connections[db]
@@ -92,7 +103,7 @@ def _insert(message: OutboxMessage, payload_json: str, db: str) -> None:
     # a tenth of a millisecond, a tenth of a small transaction), with the
     # payload's JSON text passed as it was validated, not encoded again. No
     # model signals are sent for outbox rows.
-    sql, fields = _insert_statement(connection)
+    sql, fields = _insert_statement(connection, notify)
     params = [
         payload_json
         if f.attname == "payload"
@@ -101,7 +112,7 @@ def _insert(message: OutboxMessage, payload_json: str, db: str) -> None:
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        pk, created_at = cursor.fetchone()
+        pk, created_at = cursor.fetchone()[:2]
     convert = getattr(connection.ops, "convert_datetimefield_value", None)
     if convert is not None:  # SQLite returns text
         created_at = convert(created_at, None, connection)
@@ -111,13 +122,15 @@ def _insert(message: OutboxMessage, payload_json: str, db: str) -> None:
     message._state.db = db
 
 
-_INSERT_CACHE: dict[str, tuple[str, list[Field[Any, Any]]]] = {}
+_INSERT_CACHE: dict[tuple[str, str | None], tuple[str, list[Field[Any, Any]]]] = {}
 #: Set from the database's clock in the INSERT itself (see engine.clock).
 _CLOCK_COLUMNS = ("created_at", "available_at")
 
 
-def _insert_statement(connection: Any) -> tuple[str, list[Field[Any, Any]]]:
-    cached = _INSERT_CACHE.get(connection.alias)
+def _insert_statement(
+    connection: Any, notify: str | None = None
+) -> tuple[str, list[Field[Any, Any]]]:
+    cached = _INSERT_CACHE.get((connection.alias, notify))
     if cached is None:
         meta = OutboxMessage._meta
         q = connection.ops.quote_name
@@ -135,7 +148,9 @@ def _insert_statement(connection: Any) -> tuple[str, list[Field[Any, Any]]]:
             f"VALUES ({placeholders}, {now_sql}, {now_sql}) "
             f"RETURNING {q(meta.pk.column)}, {q('created_at')}"
         )
-        cached = _INSERT_CACHE[connection.alias] = (sql, fields)
+        if notify is not None:  # an identifier (checked by the settings)
+            sql += f", pg_notify('{notify}', 'outbox')"
+        cached = _INSERT_CACHE[(connection.alias, notify)] = (sql, fields)
     return cached
 
 

@@ -344,3 +344,33 @@ def test_a_keyed_send_racing_under_repeatable_read_raises_a_clear_error():
         1,
         2,
     ]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_notify_mode_queues_the_notification_in_the_insert_itself(
+    configure_outbox, django_assert_num_queries
+):
+    import psycopg
+    from django.db import connection
+
+    configure_outbox(DISPATCH="notify")
+    info = connection.settings_dict
+    listener = psycopg.connect(
+        host=info["HOST"] or "127.0.0.1",
+        port=info["PORT"] or 5432,
+        dbname=connection.settings_dict["NAME"],
+        user=info["USER"] or "postgres",
+        autocommit=True,
+    )
+    listener.execute('LISTEN "django_outbox"')
+    try:
+        with transaction.atomic():
+            with django_assert_num_queries(2):  # one INSERT per send(), nothing else
+                django_outbox.send("order.created", {"id": 1})
+                django_outbox.send("order.created", {"id": 2})
+            assert not list(listener.notifies(timeout=0.2, stop_after=1))  # not before commit
+        [notification] = list(listener.notifies(timeout=2, stop_after=1))
+        assert (notification.channel, notification.payload) == ("django_outbox", "outbox")
+    finally:
+        listener.close()
