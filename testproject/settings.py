@@ -101,6 +101,9 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem"):
     CELERY_BROKER_TRANSPORT_OPTIONS = FILESYSTEM_TRANSPORT_OPTIONS
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fixup closes every database connection around every task
+# unless this is set; then each on-commit trigger pays a new connection.
+CELERY_DB_REUSE_MAX = int(os.environ.get("TESTPROJECT_DB_REUSE_MAX", "0")) or None
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 

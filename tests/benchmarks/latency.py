@@ -49,8 +49,11 @@ def child_env(config: dict) -> dict:
         "DATABASE_URL": harness.BENCH_DB,
         "OUTBOX_SETTINGS_JSON": json.dumps(config),
         "PYTHONUNBUFFERED": "1",
-        # As production workers should run: a connection per process, kept.
+        # As production workers should run: a connection per process, kept
+        # (Django's CONN_MAX_AGE, and Celery's CELERY_DB_REUSE_MAX, without
+        # which Celery closes it around every task).
         "TESTPROJECT_CONN_MAX_AGE": "60",
+        "TESTPROJECT_DB_REUSE_MAX": "100000",
     }
 
 
@@ -162,6 +165,17 @@ def measure(dispatch: str, broker: str, rate: float, seconds: float) -> dict:
     consumer = Consumer(broker)
     consumer.start()
     runner = start_runner(dispatch, config)
+    try:
+        return run_cell(dispatch, broker, rate, seconds, config, consumer)
+    finally:
+        consumer.stop.set()
+        runner.terminate()
+        runner.wait(30)
+
+
+def run_cell(
+    dispatch: str, broker: str, rate: float, seconds: float, config: dict, consumer: Consumer
+) -> dict:
     time.sleep(3)  # the runner is up and listening
     context = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue = context.Queue()
@@ -183,12 +197,16 @@ def measure(dispatch: str, broker: str, rate: float, seconds: float) -> dict:
         time.sleep(0.1)
     consumer.stop.set()
     consumer.thread.join(5)
-    runner.terminate()
-    runner.wait(30)
     latencies = sorted(
         (consumer.arrived[m] - t) * 1000 for m, t in committed.items() if m in consumer.arrived
     )
     missing = len(committed) - len(latencies)
+    if missing and os.environ.get("LATENCY_DEBUG"):
+        from django_outbox.models import OutboxMessage
+
+        lost = [m for m in committed if m not in consumer.arrived][:5]
+        print("arrived", len(consumer.arrived), "committed", len(committed), "missing", lost)
+        print(list(OutboxMessage.objects.filter(message_id__in=lost).values("state", "sent_at")))
     return {
         "dispatch": dispatch,
         "broker": broker,
