@@ -79,9 +79,11 @@ demo-ci: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52,peers]"
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 100000 --repeat 3
+	$(VENV)/bin/python -m tests.benchmarks.latency --rates 100,500,2000 --seconds 10
 
 bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational
+	$(VENV)/bin/python -m tests.benchmarks.latency --rates 200 --seconds 2 --brokers redis --informational
 
 # The crash and recovery acceptance tests at full size (make test runs them reduced).
 chaos: $(VENV)/.installed
