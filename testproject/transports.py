@@ -48,6 +48,8 @@ class SlowKombuTransport(KombuTransport):
     """The kombu transport with a pause per message (``DELAY`` seconds): the demo's
     way to keep a worker busy long enough to be killed mid-way."""
 
+    known_options = KombuTransport.known_options | {"delay"}
+
     def publish(self, envelopes: Any, deadline: float | None = None) -> Any:
         # Half the pause before publishing, half after: a kill can land on
         # either side of the publish, as in real life.
@@ -64,6 +66,7 @@ class BlockingKombuTransport(KombuTransport):
     that holds a batch and is slow (or, killed meanwhile, dead) for the recovery tests."""
 
     blocked = False
+    known_options = KombuTransport.known_options | {"block_seconds", "block_marker"}
 
     def publish(self, envelopes: Any, deadline: float | None = None) -> Any:
         if not BlockingKombuTransport.blocked:

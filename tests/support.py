@@ -25,6 +25,8 @@ class ScriptedTransport(MemoryTransport):
 class SlowTransport(MemoryTransport):
     """Memory transport taking ``DELAY`` seconds per message."""
 
+    known_options = frozenset({"delay"})
+
     def publish_one(self, envelope: Envelope) -> None:
         import time
 

@@ -124,3 +124,16 @@ def test_a_misspelt_transport_alias_suggests_the_closest(configure_outbox):
     configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "kombuu", "URL": "redis://x"}})
     [error] = [m for m in check_settings() if m.id == "django_outbox.E002"]
     assert "unknown transport 'kombuu' (did you mean 'kombu'?)" in error.msg
+
+
+def test_a_misspelt_destination_option_is_reported_with_the_closest(configure_outbox):
+    configure_outbox(
+        DESTINATIONS={
+            "default": {"TRANSPORT": "kombu", "URL": "redis://x", "QUEUE": "q", "CONFRIM": True},
+            "hooks": {"TRANSPORT": "http", "URL": "https://x", "SECRET": "s", "TIMEOUTT": 3},
+        }
+    )
+    warnings = sorted(m.msg for m in check_settings() if m.id == "django_outbox.W017")
+    assert len(warnings) == 2
+    assert "no option CONFRIM (did you mean 'CONFIRM'?)" in warnings[0]
+    assert "no option TIMEOUTT (did you mean 'TIMEOUT'?)" in warnings[1]

@@ -339,3 +339,19 @@ def test_a_raising_signal_receiver_does_not_cost_the_batch_its_outcome(caplog):
     message.refresh_from_db()
     assert message.state == OutboxState.SENT
     assert "raised" in caplog.text and "tracing backend down" in caplog.text
+
+
+@pytest.mark.postgres
+def test_ten_thousand_failures_in_one_batch_are_recorded_in_bounded_statements(configure_outbox):
+    # About eight parameters a failed row: one UPDATE for them all would pass
+    # PostgreSQL's 65,535-parameter limit and fail on every try.
+    configure_outbox(DESTINATIONS={"default": SCRIPTED}, BATCH_SIZE=10_000)
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(type="fail.retry", destination="default", payload={"n": n})
+        for n in range(10_000)
+    )
+    result = Relay().run_batch()
+    assert (result.claimed, result.retried) == (10_000, 10_000)
+    assert set(OutboxMessage.objects.values_list("state", "attempts")) == {
+        (OutboxState.SHOULD_BE_SENT, 1)
+    }

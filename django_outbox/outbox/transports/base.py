@@ -10,7 +10,7 @@ from uuid import UUID
 
 from django.core import checks
 
-from django_outbox.conf import Destination
+from django_outbox.conf import Destination, suggest
 from django_outbox.exceptions import DeliveryError, PermanentError, UncertainError
 from django_outbox.outbox.envelope import Envelope
 
@@ -32,6 +32,9 @@ class Transport:
 
     #: Option names (lower-case) this transport requires.
     required_options: ClassVar[tuple[str, ...]] = ()
+    #: Every option name it reads (lower-case); others are reported as probable typos
+    #: (``CONFRIM``). ``None``: not declared, nothing is reported.
+    known_options: ClassVar[frozenset[str] | None] = None
 
     #: Most messages per ``publish`` call; the relay records each call's outcomes
     #: before the next (``None``: the whole batch in one call). Slow transports
@@ -44,8 +47,9 @@ class Transport:
 
     @classmethod
     def check(cls, destination: Destination) -> list[checks.CheckMessage]:
-        """System-check problems with *destination*'s options (none by default)."""
-        return [
+        """System-check problems with *destination*'s options: required ones missing
+        (E010), unknown ones (W017, with the closest known name)."""
+        problems: list[checks.CheckMessage] = [
             checks.Error(
                 f"destination {destination.name!r}: {name.upper()} is required for the "
                 f"{destination.transport} transport",
@@ -54,6 +58,21 @@ class Transport:
             for name in cls.required_options
             if not destination.options.get(name)
         ]
+        known = cls.known_options
+        if known is not None:
+            known = known | set(cls.required_options)
+            upper = {n.upper() for n in known}
+            for name in sorted(set(destination.options) - known):
+                hint = suggest(name.upper(), upper)
+                problems.append(
+                    checks.Warning(
+                        f"destination {destination.name!r}: the {destination.transport} "
+                        f"transport has no option {name.upper()}{hint}; it is ignored",
+                        hint="Known options: " + ", ".join(sorted(n.upper() for n in known)),
+                        id="django_outbox.W017",
+                    )
+                )
+        return problems
 
     def publish(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Outcomes:
         """Publish *envelopes* one by one; a failed key skips its later messages.

@@ -43,6 +43,7 @@ class CeleryTransport(Transport):
     """
 
     required_options = ("task",)
+    known_options = frozenset({"task", "queue"})
 
     @classmethod
     def check(cls, destination: Destination) -> list[checks.CheckMessage]:

@@ -41,6 +41,7 @@ class HttpTransport(Transport):
     """
 
     required_options = ("url",)
+    known_options = frozenset({"url", "secret", "timeout", "headers", "verify", "concurrency"})
 
     def __init__(self, destination: Destination) -> None:
         super().__init__(destination)

@@ -61,6 +61,19 @@ class KombuTransport(Transport):
     """
 
     required_options = ("url",)
+    known_options = frozenset(
+        {
+            "url",
+            "exchange",
+            "exchange_type",
+            "queue",
+            "routing_key",
+            "binding_key",
+            "confirm",
+            "timeout",
+            "transport_options",
+        }
+    )
 
     def __init__(self, destination: Destination) -> None:
         super().__init__(destination)

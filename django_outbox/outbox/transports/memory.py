@@ -20,6 +20,8 @@ mailbox: defaultdict[str, list[Envelope]] = defaultdict(list)
 class MemoryTransport(Transport):
     """Appends each envelope to ``mailbox[destination]`` (this process only)."""
 
+    known_options = frozenset()
+
     def publish_one(self, envelope: Envelope) -> None:
         with _lock:
             mailbox[self.destination.name].append(envelope)

@@ -1,0 +1,5 @@
+"""Django admin for django-outbox: one module per part, shared pieces in ``shared``."""
+
+from django_outbox.admin.outbox import OutboxMessageAdmin
+
+__all__ = ["OutboxMessageAdmin"]

@@ -1,0 +1,295 @@
+"""Admin for outgoing messages: read-only rows, guarded and logged requeue/cancel."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from django_outbox.admin.shared import (
+    AttemptsFilter,
+    EstimatedCountPaginator,
+    HasErrorFilter,
+    OperatorActions,
+    pretty_json,
+    pretty_text,
+    short_error,
+)
+from django_outbox.outbox.models import (
+    CANCELLABLE_STATES,
+    REQUEUEABLE_STATES,
+    UNFINISHED_STATES,
+    OutboxMessage,
+)
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "id",
+        "type",
+        "destination",
+        "state",
+        "attempts",
+        "key",
+        "sequence",
+        "error",
+        "available_at",
+        "created_at",
+        "sent_at",
+        "uncertain",
+    )
+    list_filter = (
+        "state",
+        HasErrorFilter,
+        AttemptsFilter,
+        "destination",
+        "uncertain",
+        "blocked",
+        ("created_at", admin.DateFieldListFilter),
+    )
+    search_fields = ("^key", "^type", "=correlation_id")
+    search_help_text = "A message id or correlation id (exact), or the start of a key or a type."
+    list_per_page = 100
+    # Counting a huge table on every page view is slow: no full count, and the
+    # unfiltered list counts from the table's statistics (PostgreSQL).
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    actions = ("requeue_messages", "cancel_messages")
+    change_form_template = "django_outbox/admin/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("message_id", "type", "destination", "state", "uncertain")}),
+        ("Ordering", {"fields": ("key", "sequence", "waiting_behind", "correlation_id")}),
+        ("Content", {"fields": ("payload_pretty", "headers_pretty")}),
+        (
+            "Delivery",
+            {
+                "fields": (
+                    "attempts",
+                    "available_at",
+                    "locked_until",
+                    "lock_token",
+                    "claimed_by",
+                    "last_error_pretty",
+                    "created_at",
+                    "sent_at",
+                    "finished_at",
+                )
+            },
+        ),
+    )
+    readonly_fields = (
+        "message_id",
+        "type",
+        "destination",
+        "state",
+        "uncertain",
+        "key",
+        "sequence",
+        "waiting_behind",
+        "correlation_id",
+        "payload_pretty",
+        "headers_pretty",
+        "attempts",
+        "available_at",
+        "locked_until",
+        "lock_token",
+        "claimed_by",
+        "last_error_pretty",
+        "created_at",
+        "sent_at",
+        "finished_at",
+    )
+
+    # -- display -------------------------------------------------------------
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: OutboxMessage) -> str:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="headers")
+    def headers_pretty(self, obj: OutboxMessage) -> str:
+        return pretty_json(obj.headers)
+
+    @admin.display(description="last error")
+    def last_error_pretty(self, obj: OutboxMessage) -> str:
+        return pretty_text(obj.last_error)
+
+    @admin.display(description="last error")
+    def error(self, obj: OutboxMessage) -> str:
+        return short_error(obj.last_error)
+
+    @admin.display(description="waiting behind it")
+    def waiting_behind(self, obj: OutboxMessage) -> str:
+        """For a message with a key: how many later messages of its key wait, with a link."""
+        if obj.key is None:
+            return "—"
+        waiting = (
+            OutboxMessage.objects.using(obj._state.db)
+            .filter(
+                destination=obj.destination,
+                key=obj.key,
+                sequence__gt=obj.sequence,
+                state__in=UNFINISHED_STATES,
+            )
+            .count()
+        )
+        if not waiting:
+            return "none"
+        url = reverse("admin:django_outbox_outboxmessage_changelist")
+        return format_html(
+            '<a href="{}?destination={}&amp;key={}">{} message(s) of this key</a>',
+            url,
+            obj.destination,
+            obj.key,
+            waiting,
+        )
+
+    # -- search --------------------------------------------------------------
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage], search_term: str
+    ) -> tuple[QuerySet[OutboxMessage], bool]:
+        """A term that is a UUID finds the message with that id too."""
+        results, duplicates = super().get_search_results(request, queryset, search_term)
+        try:
+            message_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return results, duplicates
+        return results | queryset.filter(message_id=message_id), duplicates
+
+    # -- permissions ---------------------------------------------------------
+
+    # Messages are created by send() and removed by the purge only.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.requeue_outboxmessage")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.cancel_outboxmessage")
+
+    # -- list actions ----------------------------------------------------------
+
+    #: verb -> (past tense, states it applies to, the domain method)
+    operator_verbs: dict[str, tuple[str, tuple[str, ...], Any]] = {
+        "requeue": ("requeued", REQUEUEABLE_STATES, lambda rows: rows.requeue()),
+        "cancel": ("cancelled", CANCELLABLE_STATES, lambda rows: rows.cancel()),
+    }
+
+    def _operate(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[OutboxMessage],
+        verb: str,
+        confirmed: bool = False,
+    ) -> HttpResponse | None:
+        past, allowed, apply = self.operator_verbs[verb]
+        return self.apply_operator_action(
+            request,
+            queryset,
+            verb=verb,
+            past=past,
+            allowed=allowed,
+            apply=apply,
+            confirmed=confirmed,
+        )
+
+    @admin.action(
+        description="Requeue selected messages (send_error → should_be_sent)",
+        permissions=["requeue"],
+    )
+    def requeue_messages(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
+    ) -> HttpResponse | None:
+        return self._operate(request, queryset, "requeue")
+
+    @admin.action(description="Cancel selected messages…", permissions=["cancel"])
+    def cancel_messages(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
+    ) -> HttpResponse | None:
+        return self._operate(request, queryset, "cancel")
+
+    # -- the message's own page ------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        own = [
+            path(
+                "<path:object_id>/requeue/",
+                self.admin_site.admin_view(self.requeue_one),
+                name="django_outbox_outboxmessage_requeue",
+            ),
+            path(
+                "<path:object_id>/cancel/",
+                self.admin_site.admin_view(self.cancel_one),
+                name="django_outbox_outboxmessage_cancel",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        message = self.get_object(request, object_id)
+        context = {
+            **(extra_context or {}),
+            "can_requeue": message is not None
+            and message.state in REQUEUEABLE_STATES
+            and self.has_requeue_permission(request),
+            "can_cancel": message is not None
+            and message.state in CANCELLABLE_STATES
+            and self.has_cancel_permission(request),
+        }
+        return super().change_view(request, object_id, form_url, context)
+
+    def requeue_one(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseRedirect("../")
+        return self._one(request, object_id, "requeue", self.has_requeue_permission)
+
+    def cancel_one(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if request.method != "POST":
+            message = get_object_or_404(self.get_queryset(request), pk=object_id)
+            if not self.has_cancel_permission(request):
+                raise PermissionDenied
+            return TemplateResponse(
+                request,
+                "django_outbox/admin/confirm_cancel.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Cancel this message?",
+                    "object": message,
+                    "opts": self.model._meta,
+                },
+            )
+        return self._one(request, object_id, "cancel", self.has_cancel_permission)
+
+    def _one(self, request: HttpRequest, object_id: str, verb: str, allowed: Any) -> HttpResponse:
+        if not allowed(request):
+            raise PermissionDenied
+        rows = self.get_queryset(request).filter(pk=object_id)
+        get_object_or_404(rows)
+        # The confirmation, where one is needed, was the page that posted here.
+        self._operate(request, rows, verb, confirmed=True)
+        return HttpResponseRedirect(
+            reverse("admin:django_outbox_outboxmessage_change", args=[object_id])
+        )
