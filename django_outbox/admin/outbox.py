@@ -86,28 +86,9 @@ class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[typ
             },
         ),
     )
-    readonly_fields = (
-        "message_id",
-        "type",
-        "destination",
-        "state",
-        "uncertain",
-        "key",
-        "sequence",
-        "waiting_behind",
-        "correlation_id",
-        "payload_pretty",
-        "headers_pretty",
-        "attempts",
-        "available_at",
-        "locked_until",
-        "lock_token",
-        "claimed_by",
-        "last_error_pretty",
-        "created_at",
-        "sent_at",
-        "finished_at",
-    )
+    # Every field shown is read-only: rows change through send(), the relay and
+    # the operator actions only.
+    readonly_fields = tuple(str(name) for _, section in fieldsets for name in section["fields"])
 
     # -- display -------------------------------------------------------------
 
