@@ -73,6 +73,10 @@ def test_sqlite_without_immediate_transactions_is_warned(configure_outbox, setti
             {"TRANSPORT": "http", "URL": "https://x", "SECRET": "s", "TIMEOUT": 30},
             "django_outbox.W015",
         ),
+        (
+            {"TRANSPORT": "kombu", "URL": "amqp://x", "QUEUE": "q", "TIMEOUT": 15},
+            "django_outbox.W015",
+        ),
     ],
 )
 def test_routing_and_lease_pitfalls_are_reported(configure_outbox, destination, expected):

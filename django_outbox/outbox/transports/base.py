@@ -35,6 +35,8 @@ class Transport:
     #: Every option name it reads (lower-case); others are reported as probable typos
     #: (``CONFRIM``). ``None``: not declared, nothing is reported.
     known_options: ClassVar[frozenset[str] | None] = None
+    #: Seconds one publish may wait when ``TIMEOUT`` is not set (``None``: no timeout).
+    default_timeout: ClassVar[float | None] = None
 
     #: Most messages per ``publish`` call; the relay records each call's outcomes
     #: before the next (``None``: the whole batch in one call). Slow transports
@@ -72,7 +74,31 @@ class Transport:
                         id="django_outbox.W017",
                     )
                 )
+        problems.extend(cls._check_timeout(destination))
         return problems
+
+    @classmethod
+    def _check_timeout(cls, destination: Destination) -> list[checks.CheckMessage]:
+        from django_outbox.conf import get_settings
+
+        try:
+            timeout = float(destination.options.get("timeout", cls.default_timeout or 0))
+        except (TypeError, ValueError):
+            return []  # reported when the transport is built
+        lease = get_settings().outbox.engine.lease_seconds
+        if not timeout or timeout < lease / 5:
+            return []
+        # The relay starts no publish in the last fifth of a lease; one publish
+        # longer than that fifth can still outlast the lease.
+        return [
+            checks.Warning(
+                f"destination {destination.name!r}: TIMEOUT ({timeout:g}s) is not below a "
+                f"fifth of LEASE_SECONDS ({lease:g}s): a slow publish can outlast the lease "
+                "and the message be sent twice",
+                hint="Raise LEASE_SECONDS or lower TIMEOUT.",
+                id="django_outbox.W015",
+            )
+        ]
 
     def publish(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Outcomes:
         """Publish *envelopes* one by one; a failed key skips its later messages.

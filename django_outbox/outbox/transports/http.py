@@ -41,6 +41,7 @@ class HttpTransport(Transport):
     """
 
     required_options = ("url",)
+    default_timeout = 10.0
     known_options = frozenset({"url", "secret", "timeout", "headers", "verify", "concurrency"})
 
     def __init__(self, destination: Destination) -> None:
@@ -85,22 +86,6 @@ class HttpTransport(Transport):
                 checks.Error(
                     f"destination {destination.name!r}: URL must start with http:// or https://",
                     id="django_outbox.E014",
-                )
-            )
-        from django_outbox.conf import get_settings
-
-        config = get_settings().outbox.engine
-        timeout = float(destination.options.get("timeout", 10.0))
-        if timeout >= config.lease_seconds / 5:
-            # The relay starts no request in the last fifth of a lease; one
-            # request longer than that fifth can still outlast the lease.
-            problems.append(
-                checks.Warning(
-                    f"destination {destination.name!r}: TIMEOUT ({timeout}s) is not below a "
-                    f"fifth of LEASE_SECONDS ({config.lease_seconds}s): a slow request can "
-                    "outlast the lease and the message be sent twice",
-                    hint="Raise LEASE_SECONDS or lower TIMEOUT.",
-                    id="django_outbox.W015",
                 )
             )
         if not destination.options.get("secret"):

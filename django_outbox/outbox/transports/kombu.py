@@ -61,6 +61,7 @@ class KombuTransport(Transport):
     """
 
     required_options = ("url",)
+    default_timeout = 10.0
     known_options = frozenset(
         {
             "url",
