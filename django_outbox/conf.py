@@ -69,6 +69,7 @@ SHARED_DEFAULTS: Mapping[str, Any] = {
     "NOTIFY_CHANNEL": "django_outbox",
     "HEARTBEAT_SECONDS": 1.0,
     "WORKER_TIMEOUT_SECONDS": 3.0,
+    "SWEEP_STALE_SECONDS": 60.0,
 }
 
 #: Each part's own keys and their defaults (engine keys are allowed on top).
@@ -100,6 +101,7 @@ MAXIMUMS: Mapping[str, float] = {
     "DISPATCH_COALESCE_SECONDS": 60,
     "HEARTBEAT_SECONDS": 60,
     "WORKER_TIMEOUT_SECONDS": 3_600,
+    "SWEEP_STALE_SECONDS": 86_400,
     "BATCH_SIZE": 100_000,
     "PURGE_BATCH_SIZE": 1_000_000,
     "MAX_ATTEMPTS": 1_000_000,
@@ -114,6 +116,7 @@ MINIMUMS: Mapping[str, float] = {
     "MAX_PAYLOAD_BYTES": 1,
     "HEARTBEAT_SECONDS": 0.05,
     "WORKER_TIMEOUT_SECONDS": 0.1,
+    "SWEEP_STALE_SECONDS": 1,
 }
 
 _INTEGER_KEYS = frozenset({"BATCH_SIZE", "MAX_ATTEMPTS", "PURGE_BATCH_SIZE", "MAX_PAYLOAD_BYTES"})
@@ -186,6 +189,7 @@ class Settings:
     notify_channel: str
     heartbeat_seconds: float
     worker_timeout_seconds: float
+    sweep_stale_seconds: float
     outbox: OutboxSettings
     inbox: PartSettings
     jobs: PartSettings
@@ -340,6 +344,7 @@ def load(raw: Any) -> Settings:
         notify_channel=channel,
         heartbeat_seconds=heartbeat,
         worker_timeout_seconds=timeout,
+        sweep_stale_seconds=shared("SWEEP_STALE_SECONDS"),
         outbox=_outbox(raw, base),
         inbox=PartSettings(
             engine=_engine(_section(raw, "INBOX"), base, f"{SETTING_NAME}['INBOX']")

@@ -33,6 +33,7 @@ from django_outbox.outbox.models import (
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type-arg]
+    part_name = "outbox"
     list_display = (
         "id",
         "type",

@@ -110,6 +110,20 @@ class OperatorActions:
     confirmed_verbs: tuple[str, ...] = ("cancel",)
     #: What the rows are called in messages to the operator.
     operator_noun = "message"
+    #: The engine part whose sweep the changelist reports on.
+    part_name = ""
+
+    def changelist_view(
+        self: Any, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The list, with a warning at the top when the part's sweeps have stopped."""
+        from django_outbox.engine.sweeps import stale_sweeps
+
+        if request.method == "GET":
+            for found in stale_sweeps(self.model._default_manager.db):
+                if found.part == self.part_name:
+                    self.message_user(request, found.describe(), messages.WARNING)
+        return super().changelist_view(request, extra_context)  # type: ignore[misc,no-any-return]
 
     def apply_operator_action(
         self: Any,

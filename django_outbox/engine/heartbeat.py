@@ -51,6 +51,9 @@ class Heartbeat:
         self.healthy_since: float | None = None
         self.beats = 0
         self.rescued = 0
+        #: Parts whose missing sweep this process has warned about (once per episode).
+        self.warned_sweeps: set[str] = set()
+        self._next_sweep_check = 0.0
         self._listeners: dict[str, list[Callable[[], Any]]] = {}
 
     def on_rescue(self, part: str, callback: Callable[[], Any]) -> None:
@@ -127,6 +130,30 @@ class Heartbeat:
             self.rescued += count
             for callback in self._listeners.get(part, ()):
                 callback()
+        if time.monotonic() - self.healthy_since >= config.sweep_stale_seconds:
+            self.check_sweeps()
+
+    def check_sweeps(self, *, force: bool = False) -> None:
+        """Warn once when a part with unfinished rows has not been swept for
+        ``SWEEP_STALE_SECONDS``; say when its sweeps are back. Runs at most every
+        few seconds (*force* checks now)."""
+        from django_outbox.engine.sweeps import stale_sweeps
+
+        config = get_settings()
+        if not force and time.monotonic() < self._next_sweep_check:
+            return
+        self._next_sweep_check = time.monotonic() + min(30.0, config.sweep_stale_seconds / 2)
+        try:
+            stale = {found.part: found for found in stale_sweeps(self.using)}
+        except DatabaseError:
+            logger.exception("checking the sweep marks failed; retrying")
+            connections[self.using].close()
+            return
+        for part in sorted(stale.keys() - self.warned_sweeps):
+            logger.warning("%s", stale[part].describe())
+        for part in sorted(self.warned_sweeps - stale.keys()):
+            logger.info("%s: sweeps run again (or nothing waits for one)", part)
+        self.warned_sweeps = set(stale)
 
 
 def rescue_dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -> dict[str, int]:

@@ -52,3 +52,25 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
+
+
+class SweepMark(models.Model):
+    """When the lease sweep of a part last ran, and where: shows whether sweeps run at all.
+
+    Triggers can be lost (a broker down at commit, a process killed before
+    its dispatcher thread ran) and leases can expire; only a sweep recovers
+    those rows. Celery beat, ``outbox_sweep`` and ``outbox_relay``'s timer
+    stamp this row on every pass; workers and the admin warn when it is older
+    than ``SWEEP_STALE_SECONDS`` while the part has unfinished rows.
+    """
+
+    part = models.CharField(max_length=32, primary_key=True)
+    last_run_at = models.DateTimeField()
+    ran_by = models.CharField(max_length=255, help_text="host:pid of the process.")
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_sweep"
+
+    def __str__(self) -> str:
+        return f"{self.part} swept at {self.last_run_at:%Y-%m-%d %H:%M:%S}"

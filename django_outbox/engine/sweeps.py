@@ -6,16 +6,20 @@ changed something. Times are the database's (see ``engine.clock``).
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
-from django.db.models import Q
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db.models import DurationField, ExpressionWrapper, F, Q
 
+from django_outbox.conf import get_settings
 from django_outbox.engine import clock
-from django_outbox.engine.part import Part
+from django_outbox.engine.models import SweepMark
+from django_outbox.engine.part import Part, registered
 from django_outbox.engine.purge import purge_in_batches
 
 
@@ -62,6 +66,8 @@ def rescue_stuck(
             state=life.ready, available_at=now, **cleared, last_error=f"{note}; running again"
         )
     result = RescueResult(resent=resent, held=held)
+    if not dead_workers:
+        mark_swept(part)
     if result.total:
         part.logger.warning(
             "rescued %d %s row(s) (%s): %d ready again, %d held",
@@ -96,3 +102,62 @@ def purge_finished(
     if deleted:
         part.logger.info("purged %d finished %s row(s)", deleted, part.name)
     return deleted
+
+
+def mark_swept(part: Part) -> None:
+    """Stamp *part*'s sweep mark with the database's clock (an INSERT the first time)."""
+    marks = SweepMark.objects.using(part.using)
+    values = {"last_run_at": clock.now(), "ran_by": f"{socket.gethostname()}:{os.getpid()}"[:255]}
+    if marks.filter(part=part.name).update(**values):
+        return
+    try:
+        with transaction.atomic(using=part.using):
+            marks.create(part=part.name, **values)
+    except IntegrityError:
+        # Another sweep created it meanwhile.
+        marks.filter(part=part.name).update(**values)
+
+
+@dataclass(frozen=True)
+class StaleSweep:
+    """A part with unfinished rows whose sweep has not run for ``SWEEP_STALE_SECONDS``."""
+
+    part: str
+    #: When its sweep last ran (``None``: never, in this database).
+    last_run_at: datetime | None
+    #: Seconds since then (``None``: never).
+    silent_for: float | None
+
+    def describe(self) -> str:
+        since = (
+            "no sweep has ever run"
+            if self.silent_for is None
+            else f"its last sweep ran {self.silent_for:.0f} s ago"
+        )
+        return (
+            f"{self.part} has unfinished rows and {since}: rows whose trigger was lost or whose "
+            "lease expired are not being recovered. Is Celery beat running the documented "
+            "schedule (or an outbox_relay / outbox_sweep)?"
+        )
+
+
+def stale_sweeps(using: str = DEFAULT_DB_ALIAS) -> list[StaleSweep]:
+    """The registered parts that have unfinished rows but no recent sweep."""
+    limit = get_settings().sweep_stale_seconds
+    age = ExpressionWrapper(clock.now() - F("last_run_at"), output_field=DurationField())
+    marks = {
+        part: (last, silent.total_seconds())
+        for part, last, silent in SweepMark.objects.using(using)
+        .annotate(silent=age)
+        .values_list("part", "last_run_at", "silent")
+    }
+    stale = []
+    for name, part_class in registered().items():
+        last, silent_for = marks.get(name, (None, None))
+        if silent_for is not None and silent_for < limit:
+            continue
+        life = part_class.lifecycle
+        rows = part_class.model._default_manager.using(using)
+        if rows.filter(state__in=(life.ready, life.running)).exists():
+            stale.append(StaleSweep(part=name, last_run_at=last, silent_for=silent_for))
+    return stale

@@ -52,11 +52,18 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class Server(ThreadingHTTPServer):
+    # The default backlog of 5 overflows under 8 concurrent posts on a busy
+    # machine: a dropped SYN costs a 1 s retransmit, past the 0.5 s timeout.
+    request_queue_size = 128
+    daemon_threads = True
+
+
 @pytest.fixture
 def server(configure_outbox):
     Handler.received = []
     Handler.most_in_flight = 0
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}/{{type}}"
     configure_outbox(

@@ -1,0 +1,78 @@
+"""Celery beat stops: the Celery worker says so in its log within seconds, and says
+when beat is back. Real beat and worker processes, beat killed with SIGKILL."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import django_outbox
+from django_outbox.engine.models import SweepMark
+from django_outbox.models import OutboxMessage, OutboxState
+from tests.acceptance.helpers import stop, wait_for
+from tests.conftest import ROOT, subprocess_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+
+def celery(*args, log):
+    env = subprocess_env(TESTPROJECT_SWEEP_SECONDS="0.5", OUTBOX_LOG_LEVEL="INFO")
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "testproject", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_the_worker_warns_when_beat_stops_and_when_it_is_back(configure_outbox, tmp_path):
+    configure_outbox(DISPATCH="none", SWEEP_STALE_SECONDS=2)
+    log_path = tmp_path / "worker.log"
+    schedule = str(tmp_path / "beat-schedule")
+    processes = []
+    with open(log_path, "w") as log:
+        worker = celery(
+            *("worker", "--pool=solo", "-Q", "celery", "-l", "INFO"),
+            *("--without-heartbeat", "--without-gossip", "--without-mingle"),
+            log=log,
+        )
+        processes.append(worker)
+        beat = celery("beat", "-s", schedule, "-l", "WARNING", log=subprocess.DEVNULL)
+        processes.append(beat)
+        try:
+            # With no trigger at all (DISPATCH none), beat's sweeps deliver the row.
+            message = django_outbox.send("t", {})
+            wait_for(
+                lambda: OutboxMessage.objects.get(pk=message.pk).state == OutboxState.SENT,
+                timeout=60,
+                what="the beat sweep to deliver the row",
+            )
+            assert SweepMark.objects.filter(part="outbox").exists()
+
+            beat.send_signal(signal.SIGKILL)
+            beat.wait(timeout=10)
+            django_outbox.send("t", {})  # a row that waits for a sweep that never comes
+            wait_for(
+                lambda: "outbox has unfinished rows and its last sweep ran" in log_path.read_text(),
+                timeout=30,
+                what="the worker's warning that no sweep runs",
+            )
+            assert OutboxMessage.objects.filter(state=OutboxState.SHOULD_BE_SENT).count() == 1
+
+            beat = celery("beat", "-s", schedule, "-l", "WARNING", log=subprocess.DEVNULL)
+            processes.append(beat)
+            wait_for(
+                lambda: "outbox: sweeps run again" in log_path.read_text(),
+                timeout=30,
+                what="the worker to say sweeps are back",
+            )
+            assert not OutboxMessage.objects.filter(state=OutboxState.SHOULD_BE_SENT).exists()
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    stop(process)
+    # Once per episode (counted in the lines of Django's log handler).
+    assert log_path.read_text().count("WARNING django_outbox.heartbeat: outbox has unfinished") == 1
