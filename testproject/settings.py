@@ -100,6 +100,10 @@ FILESYSTEM_TRANSPORT_OPTIONS = {
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem"):
     CELERY_BROKER_TRANSPORT_OPTIONS = FILESYSTEM_TRANSPORT_OPTIONS
+elif CELERY_BROKER_URL.startswith("amqp"):
+    # What the docs ask for: without publisher confirms a RabbitMQ crash loses
+    # task messages already recorded as sent (system check W016).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
 CELERY_TASK_IGNORE_RESULT = True
 # Celery's Django fixup closes every database connection around every task
 # unless this is set; then each on-commit trigger pays a new connection.

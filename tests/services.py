@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 
@@ -49,3 +50,40 @@ def delete_rabbitmq_queue(name: str) -> None:
         channel.queue_delete(name)
         channel.exchange_delete(name)
         channel.exchange_delete(f"{name}-ex")
+
+
+def crash_rabbitmq() -> None:
+    """SIGKILL the RabbitMQ server (a crash: no clean shutdown, no flush)."""
+    import subprocess
+
+    subprocess.run(["pkill", "-KILL", "-f", "beam.smp.*rabbit"], check=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(SERVICES["rabbitmq"], timeout=0.2).close()
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("RabbitMQ still accepts connections after SIGKILL")
+
+
+def start_rabbitmq(timeout: float = 90) -> None:
+    """Start RabbitMQ the way the machine does (``rabbitmq-server -detached``) unless it
+    runs, and wait until it has finished booting."""
+    import subprocess
+
+    try:
+        socket.create_connection(SERVICES["rabbitmq"], timeout=1).close()
+    except OSError:
+        subprocess.run(["rabbitmq-server", "-detached"], check=True)
+    # await_startup gives up at once (status 69) while the node is not up yet.
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(
+            ["rabbitmqctl", "await_startup", "--timeout", "30"], capture_output=True, text=True
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"RabbitMQ did not start: {done.stdout}{done.stderr}")
+        time.sleep(1)
