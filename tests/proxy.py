@@ -1,4 +1,14 @@
-"""A TCP forwarder the tests can switch off to make a real broker unreachable."""
+"""A TCP forwarder the tests can switch off to make a real broker unreachable, or
+make lose a broker's answers on a live connection.
+
+``mode``, switchable while connections are open:
+
+- ``"forward"``: bytes pass both ways;
+- ``"swallow_replies"``: requests reach the server, its answers are dropped
+  (a publish arrives, its confirm or reply never comes back);
+- ``"cut_after_request"``: the next request is forwarded, then the
+  connection is closed (it dies after the write, before the answer).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +29,7 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.mode = "forward"
 
     def up(self) -> None:
         listener = socket.socket()
@@ -32,6 +43,10 @@ class TcpProxy:
         """Close the listener and every open connection: clients see resets and refusals."""
         listener, self._listener = self._listener, None
         if listener is not None:
+            # shutdown() wakes the thread blocked in accept(); close() alone
+            # would leave the port accepting until that accept() returned.
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
             listener.close()
         with self._lock:
             for sock in self._sockets:
@@ -53,13 +68,18 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._sockets.update({client, upstream})
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, is_request in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, is_request), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, is_request: bool) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if is_request:
+                    sink.sendall(data)
+                    if self.mode == "cut_after_request":
+                        return
+                elif self.mode == "forward":
+                    sink.sendall(data)
         except OSError:
             pass
         finally:

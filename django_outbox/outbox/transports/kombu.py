@@ -319,7 +319,7 @@ class _AmqpPublisher(_Publisher):
             self._await_confirms()
         except Exception as exc:
             logger.warning("AMQP publish to %s failed: %s", self.safe_url, exc)
-            self.close()
+            self.close(broken=True)
             error = _error(exc)
             unknown = UncertainError(f"no publisher confirm before the failure: {error}")
             for envelope in envelopes:
@@ -349,11 +349,16 @@ class _AmqpPublisher(_Publisher):
             except TimeoutError:
                 continue
 
-    def close(self) -> None:
+    def close(self, *, broken: bool = False) -> None:
+        """Close the connection: politely, or, when it is *broken*, without a word to
+        the broker (a polite close waits for an answer that may never come)."""
         connection, self._connection, self._producer = self._connection, None, None
         if connection is not None:
             with contextlib.suppress(Exception):  # the connection may already be dead
-                connection.release()
+                if broken:
+                    connection.collect()
+                else:
+                    connection.release()
 
 
 class _RedisPublisher(_Publisher):
