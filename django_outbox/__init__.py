@@ -1,4 +1,4 @@
-"""django-outbox: a transactional outbox for Django and Celery.
+"""django-outbox: a transactional outbox and an idempotent inbox for Django and Celery.
 
 Public API::
 
@@ -27,6 +27,8 @@ from django_outbox.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from django_outbox.inbox.api import receive
+    from django_outbox.inbox.handlers import handler
     from django_outbox.outbox.api import send
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "RetryableError",
     "UncertainError",
     "UnknownDestination",
+    "handler",
+    "receive",
     "send",
 ]
 
@@ -51,4 +55,12 @@ def __getattr__(name: str) -> Any:
         from django_outbox.outbox.api import send
 
         return send
+    if name == "receive":
+        from django_outbox.inbox.api import receive
+
+        return receive
+    if name == "handler":
+        from django_outbox.inbox.handlers import handler
+
+        return handler
     raise AttributeError(f"module 'django_outbox' has no attribute {name!r}")

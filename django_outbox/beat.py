@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Sweep every 10 seconds (rescue expired leases, deliver what a lost trigger
-#: left behind); purge finished rows hourly.
+#: Sweep every 10 seconds (rescue expired leases, deliver and handle what a
+#: lost trigger left behind); purge finished rows hourly. One schedule for the
+#: outbox and the inbox (a sweep of a part with no rows costs one query).
 OUTBOX_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "django-outbox-sweep": {
         "task": "django_outbox.sweep_outbox",
@@ -19,6 +20,17 @@ OUTBOX_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     },
     "django-outbox-purge": {
         "task": "django_outbox.purge_outbox",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
+    # The inbox: handle what a lost trigger left, purge past the dedup window.
+    "django-outbox-inbox-sweep": {
+        "task": "django_outbox.sweep_inbox",
+        "schedule": 10.0,
+        "options": {"expires": 10.0},
+    },
+    "django-outbox-inbox-purge": {
+        "task": "django_outbox.purge_inbox",
         "schedule": 3600.0,
         "options": {"expires": 3600.0},
     },

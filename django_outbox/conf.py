@@ -75,7 +75,7 @@ SHARED_DEFAULTS: Mapping[str, Any] = {
 #: Each part's own keys and their defaults (engine keys are allowed on top).
 SECTION_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "OUTBOX": {"DESTINATIONS": {}, "MAX_PAYLOAD_BYTES": 256 * 1024},
-    "INBOX": {},
+    "INBOX": {"GAP_ALERT_SECONDS": 300.0},
     "JOBS": {},
 }
 
@@ -102,6 +102,7 @@ MAXIMUMS: Mapping[str, float] = {
     "HEARTBEAT_SECONDS": 60,
     "WORKER_TIMEOUT_SECONDS": 3_600,
     "SWEEP_STALE_SECONDS": 86_400,
+    "GAP_ALERT_SECONDS": 30 * 86_400,
     "BATCH_SIZE": 100_000,
     "PURGE_BATCH_SIZE": 1_000_000,
     "MAX_ATTEMPTS": 1_000_000,
@@ -174,9 +175,18 @@ class OutboxSettings:
 
 @dataclass(frozen=True)
 class PartSettings:
-    """A section with only engine keys so far (``INBOX``, ``JOBS``)."""
+    """A section with only engine keys so far (``JOBS``)."""
 
     engine: EngineSettings
+
+
+@dataclass(frozen=True)
+class InboxSettings:
+    """The ``INBOX`` section: how incoming messages are handled."""
+
+    engine: EngineSettings
+    #: A strict key waiting this long for a missing sequence raises an alert.
+    gap_alert_seconds: float
 
 
 @dataclass(frozen=True)
@@ -191,12 +201,12 @@ class Settings:
     worker_timeout_seconds: float
     sweep_stale_seconds: float
     outbox: OutboxSettings
-    inbox: PartSettings
+    inbox: InboxSettings
     jobs: PartSettings
 
     def engine(self, part: str) -> EngineSettings:
         """The engine settings of *part* (``"outbox"``, ``"inbox"``, ``"jobs"``)."""
-        section: OutboxSettings | PartSettings = getattr(self, part)
+        section: OutboxSettings | InboxSettings | PartSettings = getattr(self, part)
         return section.engine
 
 
@@ -307,6 +317,18 @@ def _outbox(raw: Mapping[str, Any], base: EngineSettings) -> OutboxSettings:
     )
 
 
+def _inbox(raw: Mapping[str, Any], base: EngineSettings) -> InboxSettings:
+    section = _section(raw, "INBOX")
+    path = f"{SETTING_NAME}['INBOX']"
+    defaults = SECTION_DEFAULTS["INBOX"]
+    return InboxSettings(
+        engine=_engine(section, base, path),
+        gap_alert_seconds=_number(
+            section, "GAP_ALERT_SECONDS", defaults["GAP_ALERT_SECONDS"], path
+        ),
+    )
+
+
 def load(raw: Any) -> Settings:
     """Validate a raw ``DJANGO_OUTBOX`` value; raise ``ConfigurationError`` if wrong."""
     if raw is None:
@@ -346,9 +368,7 @@ def load(raw: Any) -> Settings:
         worker_timeout_seconds=timeout,
         sweep_stale_seconds=shared("SWEEP_STALE_SECONDS"),
         outbox=_outbox(raw, base),
-        inbox=PartSettings(
-            engine=_engine(_section(raw, "INBOX"), base, f"{SETTING_NAME}['INBOX']")
-        ),
+        inbox=_inbox(raw, base),
         jobs=PartSettings(engine=_engine(_section(raw, "JOBS"), base, f"{SETTING_NAME}['JOBS']")),
     )
 

@@ -1,6 +1,16 @@
 """Model registry for the ``django_outbox`` app (models live in their subpackages)."""
 
-from django_outbox.engine.models import Worker
+from django_outbox.engine.models import SweepMark, Worker
+from django_outbox.inbox.models import InboxCursor, InboxMessage, InboxState
 from django_outbox.outbox.models import OutboxKey, OutboxMessage, OutboxState
 
-__all__ = ["OutboxKey", "OutboxMessage", "OutboxState", "Worker"]
+__all__ = [
+    "InboxCursor",
+    "InboxMessage",
+    "InboxState",
+    "OutboxKey",
+    "OutboxMessage",
+    "OutboxState",
+    "SweepMark",
+    "Worker",
+]

@@ -32,3 +32,16 @@ def emit(signal: Signal, sender: Any, **kwargs: Any) -> None:
     for receiver, result in signal.send_robust(sender=sender, **kwargs):
         if isinstance(result, Exception):
             logger.error("receiver %r of a django-outbox signal raised", receiver, exc_info=result)
+
+
+#: Inbox messages recorded as ``handled`` (after the commit). Arguments:
+#: ``messages`` (list of InboxMessage).
+inbox_messages_handled = Signal()
+
+#: A failed handling attempt, logged once. Arguments: ``message``, ``error`` (str,
+#: the row keeps the traceback), ``will_retry`` (False: now in ``handle_error``).
+inbox_message_failed = Signal()
+
+#: A message of a ``strict`` key has waited longer than ``GAP_ALERT_SECONDS`` for an
+#: earlier sequence. Arguments: ``message``, ``missing`` (the sequence it waits for).
+inbox_gap_detected = Signal()

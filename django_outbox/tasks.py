@@ -47,3 +47,30 @@ def purge_outbox(using: str = DEFAULT_DB_ALIAS) -> int:
     from django_outbox.outbox.maintenance import purge_finished_messages
 
     return purge_finished_messages(using=using)
+
+
+@shared_task(name="django_outbox.handle_inbox", ignore_result=True, bind=True)
+def handle_inbox(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:  # type: ignore[type-arg]
+    """On-commit trigger of ``receive()``: handle *ids*, then what else is due."""
+    from django_outbox.inbox.handling import Inbox
+
+    _in_a_worker(self)
+    return Inbox(using=using).deliver(ids).as_dict()
+
+
+@shared_task(name="django_outbox.sweep_inbox", ignore_result=True, bind=True)
+def sweep_inbox(self: Task, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Beat: handle every due inbox message whose trigger was lost or whose retry is due."""
+    from django_outbox.inbox.maintenance import sweep
+
+    _in_a_worker(self)
+    return sweep(using=using)
+
+
+@shared_task(name="django_outbox.purge_inbox", ignore_result=True)
+def purge_inbox(using: str = DEFAULT_DB_ALIAS) -> int:
+    """Beat: delete handled and skipped messages older than the inbox's ``RETENTION_DAYS``
+    (the deduplication window)."""
+    from django_outbox.inbox.maintenance import purge
+
+    return purge(using=using)

@@ -92,7 +92,7 @@ def claim_followers(runner: Runner, heads: Sequence[Any], lease: Lease, room: in
         manager.filter(pk__in=chosen, state=life.ready),
         lease=lease,
         limit=room,
-        running_state=life.running,
+        running_state=runner.running,
         fields=part.claimed_fields,
         now=part.now(),
     )

@@ -31,9 +31,27 @@ from django_outbox.conf import EngineSettings, Settings, get_settings
 from django_outbox.engine import clock
 from django_outbox.exceptions import DeliveryError
 
-#: Per row primary key: ``None`` when the step succeeded, the error otherwise.
-#: A row missing from every outcome was not attempted and goes back as it was.
-Outcomes = dict[Any, DeliveryError | None]
+
+@dataclass(frozen=True)
+class Skip:
+    """Outcome: deliberately not done; the row ends in the part's ``skipped`` state."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Defer:
+    """Outcome: not yet; the row is due again after *seconds*, the attempt not counted."""
+
+    seconds: float
+    reason: str
+
+
+#: Per row primary key: ``None`` when the step succeeded, the error otherwise
+#: (``Skip`` and ``Defer`` only from lock-mode parts). A row missing from every
+#: outcome was not attempted and goes back as it was.
+Outcome = DeliveryError | Skip | Defer | None
+Outcomes = dict[Any, Outcome]
 
 
 @dataclass(frozen=True)
@@ -42,14 +60,17 @@ class Lifecycle:
 
     #: Waiting for ``available_at``; claimed from here.
     ready: str
-    #: Claimed under a lease.
-    running: str
+    #: Claimed under a lease; ``None`` for a part that runs its step under the row
+    #: lock, inside the claiming transaction (lock mode: nothing to rescue).
+    running: str | None
     #: Finished successfully.
     done: str
     #: Dead-lettered: waits for an operator.
     failed: str
     #: States the purge deletes after retention (``done`` and cancelled-like states).
     finished: tuple[str, ...]
+    #: Where a ``Skip`` outcome puts a row (lock-mode parts).
+    skipped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +156,10 @@ class Part:
     def holds_uncertain(self, row: Any) -> bool:
         """Whether an uncertain outcome parks *row* for an operator instead of retrying."""
         return False
+
+    def failed_values(self, row: Any, error: DeliveryError) -> Mapping[str, Any]:
+        """Extra fields set on a row whose attempt failed (a traceback, say)."""
+        return {}
 
     def held_values(self) -> Mapping[str, Any]:
         """Extra fields set on a row parked because its outcome is uncertain."""

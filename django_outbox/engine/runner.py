@@ -79,6 +79,14 @@ class Runner:
         self.logger = part.logger
 
     @property
+    def running(self) -> str:
+        """The state a claimed row is in while its lease runs."""
+        state = self.part.lifecycle.running
+        if state is None:
+            raise TypeError(f"{self.part.name} runs in lock mode: drive it with a LockedRunner")
+        return state
+
+    @property
     def batch_size(self) -> int:
         return self.part.batch_size
 
@@ -113,7 +121,7 @@ class Runner:
                 self._claimable(IDS if narrowed else None),
                 seconds=part.config.lease_seconds,
                 limit=self.batch_size,
-                running_state=part.lifecycle.running,
+                running_state=self.running,
                 fields=part.claimed_fields,
             )
         return statement
@@ -131,7 +139,7 @@ class Runner:
                 self._claimable(ids),
                 lease=lease,
                 limit=self.batch_size,
-                running_state=part.lifecycle.running,
+                running_state=self.running,
                 fields=part.claimed_fields,
                 now=part.now(),
             )
@@ -172,7 +180,7 @@ class Runner:
         life = part.lifecycle
         now = part.now()
         result = self.result_class()
-        held = fenced(part.model, lease, life.running, self.using)
+        held = fenced(part.model, lease, self.running, self.using)
         done = [row for row in rows if outcomes[row.pk] is None]
         keyed = part.ordering.key_fields if part.ordering is not None else ()
         changes: dict[Any, dict[str, Any]] = {}
@@ -181,6 +189,8 @@ class Runner:
             error = outcomes[row.pk]
             if error is None:
                 continue
+            if not isinstance(error, DeliveryError):
+                raise TypeError(f"a lease-mode part returned {error!r}: only errors or None")
             change, text, retry = self._failure(row, error, now)
             changes[row.pk] = {
                 **change,
@@ -273,7 +283,7 @@ class Runner:
     def release(self, rows: Sequence[Any], lease: Lease) -> int:
         """Give claimed, unattempted *rows* back at once (their attempt uncounted)."""
         life = self.part.lifecycle
-        held = fenced(self.part.model, lease, life.running, self.using)
+        held = fenced(self.part.model, lease, self.running, self.using)
         return retry_transient(
             lambda: with_ids(held, [row.pk for row in rows]).update(
                 state=life.ready,
@@ -303,7 +313,7 @@ class Runner:
         # one claim, no helper thread and no second database connection.
         total = self.run_batch()
         done = max_batches is not None and total.batches >= max_batches
-        if total.claimed < self.batch_size or done or time.monotonic() >= deadline:
+        if not self._more(total) or done or time.monotonic() >= deadline:
             return total
         if self._can_prefetch():
             left = None if max_batches is None else max_batches - total.batches
@@ -312,9 +322,13 @@ class Runner:
         while max_batches is None or total.batches < max_batches:
             result = self.run_batch()
             total += result
-            if result.claimed < self.batch_size or time.monotonic() >= deadline:
+            if not self._more(result) or time.monotonic() >= deadline:
                 break
         return total
+
+    def _more(self, result: RunResult) -> bool:
+        """Whether a drain goes on after *result*: a full batch means more may be due."""
+        return result.claimed >= self.batch_size
 
     def _can_prefetch(self) -> bool:
         connection = connections[self.using]

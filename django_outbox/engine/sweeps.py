@@ -47,6 +47,10 @@ def rescue_stuck(
     holder out: whatever it records later changes nothing.
     """
     life = part.lifecycle
+    if life.running is None:  # lock mode: a crash rolls the claim back, nothing is stuck
+        if not dead_workers:
+            mark_swept(part)
+        return RescueResult()
     now = clock.now(at)
     lost = Q(locked_until__lt=now)
     if dead_workers:
@@ -158,6 +162,7 @@ def stale_sweeps(using: str = DEFAULT_DB_ALIAS) -> list[StaleSweep]:
             continue
         life = part_class.lifecycle
         rows = part_class.model._default_manager.using(using)
-        if rows.filter(state__in=(life.ready, life.running)).exists():
+        waiting = [state for state in (life.ready, life.running) if state is not None]
+        if rows.filter(state__in=waiting).exists():
             stale.append(StaleSweep(part=name, last_run_at=last, silent_for=silent_for))
     return stale

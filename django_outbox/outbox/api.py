@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import OperationalError, connections, router, transaction
 from django.db.models import F, Field
 from django.utils import timezone
@@ -17,8 +15,9 @@ from django.utils import timezone
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.retry import is_transient
-from django_outbox.exceptions import InvalidMessage, KeyConflict, PayloadError, PayloadTooLarge
+from django_outbox.exceptions import KeyConflict, PayloadTooLarge
 from django_outbox.outbox.models import OutboxKey, OutboxMessage
+from django_outbox.validation import check_headers, check_text, encode_json
 
 MAX_TYPE_LENGTH = 255
 MAX_KEY_LENGTH = 255
@@ -47,11 +46,11 @@ def send(
     settings = get_settings()
     config = settings.outbox
     config.destination(to)
-    _check_text("type", type, MAX_TYPE_LENGTH, required=True)
-    _check_text("key", key, MAX_KEY_LENGTH)
-    _check_text("correlation_id", correlation_id, 255)
-    header_map = _check_headers(headers)
-    text, size = _encode(payload, what=f"payload of {type!r}")
+    check_text("type", type, MAX_TYPE_LENGTH, required=True)
+    check_text("key", key, MAX_KEY_LENGTH)
+    check_text("correlation_id", correlation_id, 255)
+    header_map = check_headers(headers)
+    text, size = encode_json(payload, what=f"payload of {type!r}")
     if size > config.max_payload_bytes:
         raise PayloadTooLarge(
             f"payload of {type!r} is {size} bytes encoded; MAX_PAYLOAD_BYTES is "
@@ -294,64 +293,3 @@ def _next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
         return 1, False
     counters.filter(pk=row.pk).update(last_sequence=F("last_sequence") + 1)
     return row.last_sequence + 1, row.blocked
-
-
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _encode(value: Any, *, what: str) -> tuple[str, int]:
-    """The payload as JSON text and its size in UTF-8 bytes, or a ``PayloadError``
-    saying why it cannot be stored."""
-    if value is None:
-        raise PayloadError(f"{what} is None; send a JSON object, list or value instead")
-    try:
-        text = json.dumps(
-            value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False, separators=(",", ":")
-        )
-        encoded = text.encode("utf-8")
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
-        raise PayloadError(f"{what} is not JSON-serializable: {exc}") from exc
-    if _NUL_ESCAPE.search(text):
-        raise PayloadError(
-            f"{what} contains a NUL character (\\u0000), which PostgreSQL cannot store"
-        )
-    return text, len(encoded)
-
-
-def _check_text(name: str, value: Any, limit: int, *, required: bool = False) -> None:
-    if value is None and not required:
-        return
-    if not isinstance(value, str) or not value:
-        raise InvalidMessage(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > limit:
-        raise InvalidMessage(f"{name} is {len(value)} characters; the limit is {limit}")
-    _check_printable(name, value)
-
-
-def _check_printable(name: str, value: str) -> None:
-    # These travel as message and HTTP headers: control characters (CR/LF
-    # above all) would be refused there, or worse, split a header in two.
-    if _CONTROL.search(value):
-        raise InvalidMessage(f"{name} {value!r} contains control characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidMessage(f"{name} {value!r} is not valid UTF-8 text: {exc}") from exc
-
-
-def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if headers is None:
-        return {}
-    if not isinstance(headers, Mapping):
-        raise PayloadError(f"headers must be a mapping of strings, got {type(headers).__name__}")
-    bad = [k for k, v in headers.items() if not isinstance(k, str) or not isinstance(v, str)]
-    if bad:
-        raise PayloadError(f"header names and values must be strings; bad: {bad!r}")
-    for name, value in headers.items():
-        try:
-            _check_printable("header name", name)
-            _check_printable(f"header {name!r}", value)
-        except InvalidMessage as exc:
-            raise PayloadError(str(exc)) from exc
-    return dict(headers)

@@ -1,0 +1,84 @@
+"""``receive()``: store an incoming message once, in the caller's transaction."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import IntegrityError, router, transaction
+
+from django_outbox.engine import clock, triggers
+from django_outbox.exceptions import InvalidMessage
+from django_outbox.inbox.models import InboxMessage
+from django_outbox.validation import check_headers, check_text, encode_json
+
+MAX_TYPE_LENGTH = 255
+MAX_KEY_LENGTH = 255
+MAX_SOURCE_LENGTH = 100
+MAX_MESSAGE_ID_LENGTH = 255
+
+
+def receive(
+    type: str,
+    payload: Any,
+    *,
+    source: str,
+    message_id: str | uuid.UUID,
+    key: str | None = None,
+    sequence: int | None = None,
+    headers: Mapping[str, str] | None = None,
+    correlation_id: str | None = None,
+    using: str | None = None,
+) -> tuple[InboxMessage, bool]:
+    """Store an incoming message unless (source, message id) is already stored.
+
+    Returns ``(message, created)``. A duplicate returns the stored row with
+    ``created=False`` and does nothing else: no second handling, no trigger.
+    A new row is ``should_be_handled``; when the surrounding transaction
+    commits (at once without one), its handler is triggered as ``DISPATCH``
+    says. Raises ``InvalidMessage`` (``PayloadError`` for the payload and
+    headers) for arguments that cannot be stored; nothing is stored then.
+    """
+    check_text("type", type, MAX_TYPE_LENGTH, required=True)
+    check_text("source", source, MAX_SOURCE_LENGTH, required=True)
+    if isinstance(message_id, uuid.UUID):
+        message_id = str(message_id)
+    check_text("message_id", message_id, MAX_MESSAGE_ID_LENGTH, required=True)
+    check_text("key", key, MAX_KEY_LENGTH)
+    check_text("correlation_id", correlation_id, 255)
+    if sequence is not None and (
+        isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0
+    ):
+        raise InvalidMessage(f"sequence must be a non-negative integer, got {sequence!r}")
+    if sequence is not None and key is None:
+        raise InvalidMessage("a sequence needs a key: it orders the messages of one key")
+    header_map = check_headers(headers)
+    text, _ = encode_json(payload, what=f"payload of {type!r}")
+    using = using or router.db_for_write(InboxMessage)
+    messages = InboxMessage.objects.using(using)
+    try:
+        # A savepoint: a duplicate must not break the caller's transaction.
+        with transaction.atomic(using=using):
+            message = messages.create(
+                source=source,
+                message_id=message_id,
+                type=type,
+                payload=json.loads(text),
+                headers=header_map,
+                key=key,
+                sequence=sequence,
+                correlation_id=correlation_id,
+                created_at=clock.now(),
+                available_at=clock.now(),
+            )
+    except IntegrityError:
+        existing = messages.filter(source=source, message_id=message_id).first()
+        if existing is None:
+            raise  # another constraint: a real error
+        return existing, False
+    # The database wrote its clock; read back what was stored.
+    message.refresh_from_db(fields=["created_at", "available_at"])
+    triggers.schedule("inbox", using, message.pk)
+    return message, True

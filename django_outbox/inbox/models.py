@@ -1,0 +1,165 @@
+"""Incoming messages: the inbox table and the per-key cursors of ordered handling."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from django_outbox.engine import clock
+from django_outbox.engine.models import EngineRow
+
+
+class InboxState(models.TextChoices):
+    """States of an incoming message; the names are public (admin, metrics, docs)."""
+
+    #: Stored, waiting to be handled once ``available_at`` has passed. Entered by
+    #: ``receive()``, a retryable failure, a strict key waiting for its gap, or requeue.
+    SHOULD_BE_HANDLED = "should_be_handled", "should be handled"
+    #: The handler ran and its effects committed with this state. Final.
+    HANDLED = "handled", "handled"
+    #: The handler failed for good, no handler exists for the type, or the
+    #: message could not be read. Waits for an operator (requeue or skip).
+    HANDLE_ERROR = "handle_error", "handle error"
+    #: Not handled on purpose: older than what its key already handled
+    #: (``ordering="latest"``), or skipped by an operator. Final.
+    SKIPPED = "skipped", "skipped"
+
+
+#: States whose rows the purge deletes once past retention (the deduplication window).
+FINISHED_STATES = (InboxState.HANDLED, InboxState.SKIPPED)
+REQUEUEABLE_STATES = (InboxState.HANDLE_ERROR,)
+SKIPPABLE_STATES = (InboxState.SHOULD_BE_HANDLED, InboxState.HANDLE_ERROR)
+
+
+class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
+    """Selections and operator transitions over incoming messages."""
+
+    def requeue(self, now: datetime | None = None) -> int:
+        """Move ``handle_error`` messages back to ``should_be_handled`` with attempts reset."""
+        return self.filter(state__in=REQUEUEABLE_STATES).update(
+            state=InboxState.SHOULD_BE_HANDLED, attempts=0, available_at=clock.now(now)
+        )
+
+    def skip(self, now: datetime | None = None) -> int:
+        """Mark waiting or failed messages ``skipped`` (final: they are never handled)."""
+        return self.filter(state__in=SKIPPABLE_STATES).update(
+            state=InboxState.SKIPPED,
+            finished_at=clock.now(now),
+            last_error="skipped by an operator",
+        )
+
+
+class InboxMessage(EngineRow):
+    """One incoming message, stored once per (source, message id) by ``receive()``."""
+
+    id = models.BigAutoField(primary_key=True)
+    source = models.CharField(max_length=100, help_text="Where it came from (a configured source).")
+    message_id = models.CharField(max_length=255, help_text="The sender's id: the dedup key.")
+    type = models.CharField(max_length=255)
+    payload = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    # NULL (not "") means "no key", as in the outbox.
+    key = models.CharField(  # noqa: DJ001
+        max_length=255, null=True, blank=True, help_text="Ordering key (the object it is about)."
+    )
+    sequence = models.BigIntegerField(null=True, blank=True, help_text="Position within key.")
+    correlation_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    state = models.CharField(
+        max_length=20, choices=InboxState.choices, default=InboxState.SHOULD_BE_HANDLED
+    )
+    #: The body as it arrived, kept when it could not be read (not JSON, too big, no id).
+    raw_body = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    # The engine's names, the inbox's columns.
+    created_at = models.DateTimeField(
+        default=timezone.now, db_column="received_at", verbose_name="received at"
+    )
+    finished_at = models.DateTimeField(
+        null=True, blank=True, db_column="handled_at", verbose_name="handled at"
+    )
+
+    objects = InboxMessageQuerySet.as_manager()
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_inbox"
+        verbose_name = "inbox message"
+        ordering = ("-id",)
+        permissions = (
+            ("requeue_inboxmessage", "Can requeue inbox messages"),
+            ("skip_inboxmessage", "Can skip inbox messages"),
+        )
+        indexes = (
+            # The handlers' hot query: what is due, oldest first.
+            models.Index(
+                fields=("available_at", "id"),
+                condition=Q(state="should_be_handled"),
+                name="inbox_msg_due_idx",
+            ),
+            models.Index(
+                fields=("finished_at",),
+                condition=Q(state__in=("handled", "skipped")),
+                name="inbox_msg_finished_idx",
+            ),
+            models.Index(
+                fields=("id",), condition=Q(state="handle_error"), name="inbox_msg_error_idx"
+            ),
+            models.Index(fields=("source", "key", "sequence"), name="inbox_msg_key_idx"),
+        )
+        constraints = (
+            models.UniqueConstraint(fields=("source", "message_id"), name="inbox_msg_unique"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in InboxState]), name="inbox_msg_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state__in=("handled", "skipped")) | Q(finished_at__isnull=False),
+                name="inbox_msg_finished_has_handled_at",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.type} from {self.source} [{self.state}] {self.message_id}"
+
+    @property
+    def received_at(self) -> datetime:
+        return self.created_at
+
+    @property
+    def handled_at(self) -> datetime | None:
+        return self.finished_at
+
+    def requeue(self, now: datetime | None = None) -> bool:
+        """Requeue this message if it is in ``handle_error``; return whether it moved."""
+        moved = InboxMessage.objects.using(self._state.db).filter(pk=self.pk).requeue(now) == 1
+        self.refresh_from_db()
+        return moved
+
+    def skip(self, now: datetime | None = None) -> bool:
+        """Skip this message if it is waiting or failed; return whether it moved."""
+        moved = InboxMessage.objects.using(self._state.db).filter(pk=self.pk).skip(now) == 1
+        self.refresh_from_db()
+        return moved
+
+
+class InboxCursor(models.Model):
+    """The last sequence handled per (source, key); locked while a message of the key is
+    handled, so messages of one key are handled one at a time, in order."""
+
+    source = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+    last_sequence = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_inbox_cursor"
+        constraints = (
+            models.UniqueConstraint(fields=("source", "key"), name="inbox_cursor_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.source}/{self.key} at {self.last_sequence}"

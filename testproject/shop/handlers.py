@@ -1,0 +1,31 @@
+"""Inbox handlers of the test project, found by autodiscovery."""
+
+from django_outbox import RetryableError, handler
+from testproject.shop.models import OrderStatus, Payment
+
+
+@handler("payment.captured")
+def payment_captured(message):
+    """Records one Payment per handled message: duplicates would show as extra rows."""
+    Payment.objects.create(
+        order_ref=message.payload["order"], status="captured", sequence=message.sequence
+    )
+    if message.payload.get("fail"):
+        raise ValueError(f"cannot capture {message.payload['order']}")
+    if message.payload.get("retry"):
+        raise RetryableError("payment service busy")
+
+
+@handler("order.status", ordering="latest")
+def order_status(message):
+    """Keeps the newest status per order; older events arriving late are skipped."""
+    OrderStatus.objects.update_or_create(
+        order_ref=message.key,
+        defaults={"status": message.payload["status"], "sequence": message.sequence},
+    )
+
+
+@handler("order.step", ordering="strict")
+def order_step(message):
+    """Appends each step of an order in sequence order: a gap makes later steps wait."""
+    Payment.objects.create(order_ref=message.key, status="step", sequence=message.sequence)

@@ -1,0 +1,249 @@
+"""The inbox: idempotent receive, handling in one transaction with its effects,
+failures recorded with their traceback, ordering per key."""
+
+import random
+import uuid
+
+import pytest
+from django.db import transaction
+
+import django_outbox
+from django_outbox import InvalidMessage, PayloadError
+from django_outbox.inbox.handlers import get_handler, handler, unregister
+from django_outbox.inbox.handling import Inbox
+from django_outbox.models import InboxCursor, InboxMessage, InboxState
+from django_outbox.signals import inbox_message_failed
+from testproject.shop.models import OrderStatus, Payment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def receive(type_, payload, **kwargs):
+    kwargs.setdefault("source", "payments")
+    kwargs.setdefault("message_id", str(uuid.uuid4()))
+    return django_outbox.receive(type_, payload, **kwargs)
+
+
+def test_handlers_are_found_by_autodiscovery():
+    assert get_handler("payment.captured").name == "testproject.shop.handlers.payment_captured"
+    assert get_handler("order.status").ordering == "latest"
+
+
+def test_a_duplicate_is_stored_once_and_returns_the_stored_row():
+    first, created = receive("payment.captured", {"order": "o1"}, message_id="m-1")
+    again, created_again = receive("payment.captured", {"order": "changed"}, message_id="m-1")
+    assert (created, created_again) == (True, False)
+    assert again.pk == first.pk and again.payload == {"order": "o1"}
+    # The same id from another source is another message.
+    _, other = receive("payment.captured", {"order": "o1"}, message_id="m-1", source="billing")
+    assert other and InboxMessage.objects.count() == 2
+
+
+def test_a_duplicate_inside_a_transaction_leaves_it_usable():
+    receive("payment.captured", {"order": "o1"}, message_id="m-1")
+    with transaction.atomic():
+        _, created = receive("payment.captured", {"order": "o1"}, message_id="m-1")
+        Payment.objects.create(order_ref="after", status="x")
+    assert not created and Payment.objects.filter(order_ref="after").exists()
+
+
+def test_handling_commits_the_effect_and_the_handled_mark_together():
+    message, _ = receive("payment.captured", {"order": "o1"})
+    result = Inbox().drain()
+    assert (result.claimed, result.done) == (1, 1)
+    message.refresh_from_db()
+    assert message.state == InboxState.HANDLED and message.handled_at is not None
+    assert message.attempts == 1
+    assert Payment.objects.filter(order_ref="o1").count() == 1
+    # Handled once: another drain finds nothing and adds no effect.
+    assert Inbox().drain().claimed == 0
+    assert Payment.objects.count() == 1
+
+
+def test_a_failing_handler_rolls_back_its_own_effects_only_and_keeps_the_traceback():
+    failed = []
+    inbox_message_failed.connect(lambda **kw: failed.append(kw), weak=False)
+    try:
+        receive("payment.captured", {"order": "good"})
+        bad, _ = receive("payment.captured", {"order": "bad", "fail": True})
+        result = Inbox().drain()
+    finally:
+        inbox_message_failed.receivers.clear()
+    assert (result.done, result.failed) == (1, 1)
+    bad.refresh_from_db()
+    assert bad.state == InboxState.HANDLE_ERROR
+    assert bad.last_error == "ValueError: cannot capture bad"
+    assert "Traceback (most recent call last)" in bad.traceback
+    assert "payment_captured" in bad.traceback
+    # The failed handler's Payment row was rolled back with its savepoint.
+    assert list(Payment.objects.values_list("order_ref", flat=True)) == ["good"]
+    assert [f["will_retry"] for f in failed] == [False]
+
+
+def test_retryable_errors_back_off_then_give_up(configure_outbox):
+    configure_outbox(INBOX={"MAX_ATTEMPTS": 2, "RETRY_BASE_SECONDS": 0})
+    message, _ = receive("payment.captured", {"order": "o1", "retry": True})
+    assert Inbox().drain().retried == 1
+    message.refresh_from_db()
+    assert (message.state, message.attempts) == (InboxState.SHOULD_BE_HANDLED, 1)
+    assert message.last_error == "RetryableError: payment service busy"
+    Inbox().drain()
+    message.refresh_from_db()
+    assert message.state == InboxState.HANDLE_ERROR
+    assert message.last_error.startswith("gave up after 2 attempts")
+    assert Payment.objects.count() == 0
+
+
+def test_retry_on_names_the_exceptions_that_retry():
+    @handler("flaky.thing", retry_on=(ConnectionError,))
+    def flaky(message):
+        raise ConnectionError("refused")
+
+    try:
+        message, _ = receive("flaky.thing", {})
+        assert Inbox().drain().retried == 1
+        message.refresh_from_db()
+        assert message.state == InboxState.SHOULD_BE_HANDLED
+    finally:
+        unregister("flaky.thing")
+
+
+def test_a_type_without_handler_is_kept_as_an_error_and_handled_after_requeue():
+    message, _ = receive("refund.issued", {"order": "o1"})
+    Inbox().drain()
+    message.refresh_from_db()
+    assert message.state == InboxState.HANDLE_ERROR
+    assert message.last_error.startswith("no handler for type 'refund.issued'")
+
+    @handler("refund.issued")
+    def refund(message):
+        Payment.objects.create(order_ref=message.payload["order"], status="refunded")
+
+    try:
+        assert message.requeue()
+        assert Inbox().drain().done == 1
+        message.refresh_from_db()
+        assert message.state == InboxState.HANDLED
+    finally:
+        unregister("refund.issued")
+
+
+def test_a_handler_can_send_in_the_same_transaction(configure_outbox):
+    from django_outbox.models import OutboxMessage
+
+    @handler("order.placed")
+    def placed(message):
+        django_outbox.send("invoice.requested", {"order": message.payload["order"]})
+        if message.payload.get("fail"):
+            raise ValueError("no")
+
+    try:
+        receive("order.placed", {"order": "o1"})
+        receive("order.placed", {"order": "o2", "fail": True})
+        Inbox().drain()
+    finally:
+        unregister("order.placed")
+    # Consume and produce as one step: the failed handler's send was rolled back.
+    assert [m.payload["order"] for m in OutboxMessage.objects.all()] == ["o1"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"type_": ""}, InvalidMessage, "type must be"),
+        ({"source": ""}, InvalidMessage, "source must be"),
+        ({"message_id": ""}, InvalidMessage, "message_id must be"),
+        ({"sequence": 3}, InvalidMessage, "a sequence needs a key"),
+        ({"key": "k", "sequence": -1}, InvalidMessage, "non-negative"),
+        ({"payload": {"x": object()}}, PayloadError, "not JSON-serializable"),
+        ({"headers": {"a": 1}}, PayloadError, "must be strings"),
+    ],
+)
+def test_bad_arguments_raise_a_clear_error_and_store_nothing(kwargs, error, fragment):
+    type_ = kwargs.pop("type_", "payment.captured")
+    payload = kwargs.pop("payload", {})
+    with pytest.raises(error, match=fragment):
+        receive(type_, payload, **kwargs)
+    assert not InboxMessage.objects.exists()
+
+
+def events(objects=50, per_object=20, seed=7):
+    """1,000 status events about 50 objects, shuffled, a third of them sent twice."""
+    rng = random.Random(seed)
+    items = [
+        (f"order:{o}", n, f"{o}-{n}") for o in range(objects) for n in range(1, per_object + 1)
+    ]
+    items += rng.sample(items, len(items) // 3)
+    rng.shuffle(items)
+    return items
+
+
+def test_latest_ends_every_object_in_its_newest_state(configure_outbox):
+    configure_outbox(INBOX={"BATCH_SIZE": 37})
+    batches = events()
+    for start in range(0, len(batches), 100):
+        for key, n, message_id in batches[start : start + 100]:
+            receive("order.status", {"status": f"s{n}"}, key=key, sequence=n, message_id=message_id)
+        Inbox().drain()
+    assert InboxMessage.objects.count() == 1000
+    states = dict(OrderStatus.objects.values_list("order_ref", "sequence"))
+    assert states == {f"order:{o}": 20 for o in range(50)}
+    assert set(OrderStatus.objects.values_list("status", flat=True)) == {"s20"}
+    assert InboxMessage.objects.filter(state=InboxState.SHOULD_BE_HANDLED).count() == 0
+    skipped = InboxMessage.objects.filter(state=InboxState.SKIPPED)
+    assert skipped.exists() and "not newer than" in skipped.first().last_error
+    assert set(InboxCursor.objects.values_list("last_sequence", flat=True)) == {20}
+
+
+def test_strict_handles_each_objects_events_in_sequence_order(configure_outbox):
+    configure_outbox(INBOX={"BATCH_SIZE": 37})
+    batches = events()
+    for start in range(0, len(batches), 100):
+        for key, n, message_id in batches[start : start + 100]:
+            receive("order.step", {}, key=key, sequence=n, message_id=message_id)
+        Inbox().drain()
+    # What waited for a gap was woken by its predecessor: nothing is left waiting.
+    assert InboxMessage.objects.filter(state=InboxState.HANDLED).count() == 1000
+    for o in range(50):
+        steps = list(
+            Payment.objects.filter(order_ref=f"order:{o}")
+            .order_by("pk")
+            .values_list("sequence", flat=True)
+        )
+        assert steps == list(range(1, 21))
+
+
+def test_strict_waits_for_a_gap_and_says_so():
+    receive("order.step", {}, key="order:1", sequence=1)
+    later, _ = receive("order.step", {}, key="order:1", sequence=3)
+    result = Inbox().drain()
+    assert (result.done, result.deferred) == (1, 1)
+    later.refresh_from_db()
+    assert later.state == InboxState.SHOULD_BE_HANDLED
+    assert later.attempts == 0
+    assert later.last_error == "waiting for sequence 2 of key 'order:1' (this is 3)"
+    receive("order.step", {}, key="order:1", sequence=2)
+    Inbox().drain()
+    later.refresh_from_db()
+    assert later.state == InboxState.HANDLED
+    steps = Payment.objects.order_by("pk").values_list("sequence", flat=True)
+    assert list(steps) == [1, 2, 3]
+
+
+def test_a_gap_older_than_the_alert_time_is_reported_once(configure_outbox, caplog):
+    from django_outbox.signals import inbox_gap_detected
+
+    configure_outbox(INBOX={"GAP_ALERT_SECONDS": 0})
+    alerts = []
+    inbox_gap_detected.connect(lambda **kw: alerts.append(kw["missing"]), weak=False)
+    try:
+        later, _ = receive("order.step", {}, key="order:9", sequence=2)
+        Inbox().drain()
+        Inbox().drain()
+    finally:
+        inbox_gap_detected.receivers.clear()
+    later.refresh_from_db()
+    assert later.state == InboxState.SHOULD_BE_HANDLED
+    assert later.last_error.startswith("gap alert: waiting for sequence 1 of key 'order:9'")
+    assert alerts == [1]
+    assert caplog.text.count("inbox gap: message") == 1
