@@ -1,5 +1,6 @@
 """Django admin for django-outbox: one module per part, shared pieces in ``shared``."""
 
+from django_outbox.admin.inbox import InboxMessageAdmin
 from django_outbox.admin.outbox import OutboxMessageAdmin
 
-__all__ = ["OutboxMessageAdmin"]
+__all__ = ["InboxMessageAdmin", "OutboxMessageAdmin"]

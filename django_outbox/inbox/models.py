@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -43,6 +43,31 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
         return self.filter(state__in=REQUEUEABLE_STATES).update(
             state=InboxState.SHOULD_BE_HANDLED, attempts=0, available_at=clock.now(now)
         )
+
+    def waiting_for_gap(self) -> InboxMessageQuerySet:
+        """Messages of ``strict`` keys that wait for an earlier sequence."""
+        return self.filter(state=InboxState.SHOULD_BE_HANDLED, key__isnull=False).filter(
+            Q(last_error__startswith="waiting for sequence")
+            | Q(last_error__startswith="gap alert: ")
+        )
+
+    def release_gaps(self, now: datetime | None = None) -> int:
+        """Give up waiting: move each selected waiting message's key cursor to just before
+        it (the missing sequences will be skipped if they ever come) and make it due now.
+        Returns how many messages were released."""
+        released = 0
+        with transaction.atomic(using=self.db):
+            for message in self.waiting_for_gap().order_by("source", "key", "sequence"):
+                assert message.sequence is not None
+                InboxCursor.objects.using(self.db).filter(
+                    source=message.source, key=message.key, last_sequence__lt=message.sequence - 1
+                ).update(last_sequence=message.sequence - 1, updated_at=clock.now(now))
+                released += (
+                    InboxMessage.objects.using(self.db)
+                    .filter(pk=message.pk)
+                    .update(available_at=clock.now(now), last_error="gap released by an operator")
+                )
+        return released
 
     def skip(self, now: datetime | None = None) -> int:
         """Mark waiting or failed messages ``skipped`` (final: they are never handled)."""

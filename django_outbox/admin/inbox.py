@@ -1,0 +1,184 @@
+"""Admin for incoming messages: read-only rows, guarded and logged requeue / skip /
+release of a strict key's gap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from django_outbox.admin.shared import (
+    AttemptsFilter,
+    EstimatedCountPaginator,
+    HasErrorFilter,
+    OperatorActions,
+    pretty_json,
+    pretty_text,
+    short_error,
+)
+from django_outbox.inbox.models import (
+    REQUEUEABLE_STATES,
+    SKIPPABLE_STATES,
+    InboxMessage,
+    InboxState,
+)
+
+
+def _requeue(rows: Any) -> int:
+    return int(rows.requeue())
+
+
+def _skip(rows: Any) -> int:
+    return int(rows.skip())
+
+
+def _release(rows: Any) -> int:
+    return int(rows.release_gaps())
+
+
+class WaitingForGapFilter(admin.SimpleListFilter):
+    """Messages of ``strict`` keys waiting for an earlier sequence that has not come."""
+
+    title = "ordering"
+    parameter_name = "gap"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("waiting", "waiting for a gap")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "waiting":
+            return queryset.waiting_for_gap()  # type: ignore[attr-defined,no-any-return]
+        return queryset
+
+
+@admin.register(InboxMessage)
+class InboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type-arg]
+    part_name = "inbox"
+    confirmed_verbs = ("skip",)
+    list_display = (
+        "id",
+        "type",
+        "source",
+        "state",
+        "attempts",
+        "key",
+        "sequence",
+        "error",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = (
+        "state",
+        HasErrorFilter,
+        AttemptsFilter,
+        WaitingForGapFilter,
+        "source",
+        ("created_at", admin.DateFieldListFilter),
+    )
+    search_fields = ("=message_id", "^key", "^type", "=correlation_id")
+    search_help_text = "A message id or correlation id (exact), or the start of a key or a type."
+    list_per_page = 100
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    actions = ("requeue_messages", "skip_messages", "release_gaps")
+    fieldsets = (
+        (None, {"fields": ("source", "message_id", "type", "state")}),
+        ("Ordering", {"fields": ("key", "sequence", "correlation_id")}),
+        ("Content", {"fields": ("payload_pretty", "headers_pretty", "raw_body")}),
+        (
+            "Handling",
+            {
+                "fields": (
+                    "attempts",
+                    "available_at",
+                    "last_error_pretty",
+                    "traceback_pretty",
+                    "created_at",
+                    "finished_at",
+                )
+            },
+        ),
+    )
+    readonly_fields = tuple(str(name) for _, section in fieldsets for name in section["fields"])
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: InboxMessage) -> str:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="headers")
+    def headers_pretty(self, obj: InboxMessage) -> str:
+        return pretty_json(obj.headers)
+
+    @admin.display(description="last error")
+    def last_error_pretty(self, obj: InboxMessage) -> str:
+        return pretty_text(obj.last_error)
+
+    @admin.display(description="traceback")
+    def traceback_pretty(self, obj: InboxMessage) -> str:
+        return pretty_text(obj.traceback)
+
+    @admin.display(description="last error")
+    def error(self, obj: InboxMessage) -> str:
+        return short_error(obj.last_error)
+
+    # Rows come from receive() and leave through the purge only.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.requeue_inboxmessage")
+
+    def has_skip_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.skip_inboxmessage")
+
+    @admin.action(
+        description="Requeue selected messages (handle_error → should_be_handled)",
+        permissions=["requeue"],
+    )
+    def requeue_messages(
+        self, request: HttpRequest, queryset: QuerySet[InboxMessage]
+    ) -> HttpResponse | None:
+        return self.apply_operator_action(
+            request,
+            queryset,
+            verb="requeue",
+            past="requeued",
+            allowed=REQUEUEABLE_STATES,
+            apply=_requeue,
+        )
+
+    @admin.action(description="Skip selected messages…", permissions=["skip"])
+    def skip_messages(
+        self, request: HttpRequest, queryset: QuerySet[InboxMessage]
+    ) -> HttpResponse | None:
+        return self.apply_operator_action(
+            request,
+            queryset,
+            verb="skip",
+            past="skipped",
+            allowed=SKIPPABLE_STATES,
+            apply=_skip,
+        )
+
+    @admin.action(
+        description="Stop waiting for the missing messages (strict keys)", permissions=["requeue"]
+    )
+    def release_gaps(
+        self, request: HttpRequest, queryset: QuerySet[InboxMessage]
+    ) -> HttpResponse | None:
+        return self.apply_operator_action(
+            request,
+            queryset.waiting_for_gap(),  # type: ignore[attr-defined]
+            verb="release",
+            past="released from their gap",
+            allowed=(InboxState.SHOULD_BE_HANDLED,),
+            apply=_release,
+        )
