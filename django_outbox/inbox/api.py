@@ -7,9 +7,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import IntegrityError, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 
 from django_outbox.engine import clock, triggers
+from django_outbox.engine.insert import fast_insert
 from django_outbox.exceptions import InvalidMessage
 from django_outbox.inbox.models import InboxMessage
 from django_outbox.validation import check_headers, check_text, encode_json
@@ -57,28 +58,73 @@ def receive(
     header_map = check_headers(headers)
     text, _ = encode_json(payload, what=f"payload of {type!r}")
     using = using or router.db_for_write(InboxMessage)
-    messages = InboxMessage.objects.using(using)
+    row = {
+        "source": source,
+        "message_id": message_id,
+        "type": type,
+        "payload": json.loads(text),
+        "headers": header_map,
+        "key": key,
+        "sequence": sequence,
+        "correlation_id": correlation_id,
+    }
+    connection = connections[using]
+    if connection.vendor in ("postgresql", "sqlite") and (
+        connection.features.can_return_columns_from_insert
+    ):
+        # One statement: INSERT … ON CONFLICT DO NOTHING RETURNING. A duplicate
+        # inserts nothing, takes no savepoint and leaves the transaction alone.
+        statement = fast_insert(
+            connection,
+            InboxMessage,
+            varying=_VARYING,
+            clock_fields=("created_at", "available_at"),
+            conflict_fields=("source", "message_id"),
+        )
+        message = statement.run(connection, row, raw={"payload": text})
+        if message is None:
+            return _stored(using, source, message_id), False
+    else:
+        message = _insert_with_savepoint(using, row)
+        if message is None:
+            return _stored(using, source, message_id), False
+    triggers.schedule("inbox", using, message.pk)
+    return message, True
+
+
+#: The fields a receive() sets; every other column is written with its default.
+_VARYING = (
+    "source",
+    "message_id",
+    "type",
+    "payload",
+    "headers",
+    "key",
+    "sequence",
+    "correlation_id",
+)
+
+
+def _stored(using: str, source: str, message_id: str) -> InboxMessage:
+    return InboxMessage.objects.using(using).get(source=source, message_id=message_id)
+
+
+def _insert_with_savepoint(using: str, row: dict[str, Any]) -> InboxMessage | None:
+    """MySQL/MariaDB: a plain INSERT in a savepoint; ``None`` for a duplicate."""
     try:
         # A savepoint: a duplicate must not break the caller's transaction.
         with transaction.atomic(using=using):
-            message = messages.create(
-                source=source,
-                message_id=message_id,
-                type=type,
-                payload=json.loads(text),
-                headers=header_map,
-                key=key,
-                sequence=sequence,
-                correlation_id=correlation_id,
-                created_at=clock.now(),
-                available_at=clock.now(),
+            message = InboxMessage.objects.using(using).create(
+                **row, created_at=clock.now(), available_at=clock.now()
             )
     except IntegrityError:
-        existing = messages.filter(source=source, message_id=message_id).first()
-        if existing is None:
-            raise  # another constraint: a real error
-        return existing, False
-    # The database wrote its clock; read back what was stored.
+        if (
+            InboxMessage.objects.using(using)
+            .filter(source=row["source"], message_id=row["message_id"])
+            .exists()
+        ):
+            return None
+        raise  # another constraint: a real error
+    # MySQL cannot return the clock from the INSERT: read back what was stored.
     message.refresh_from_db(fields=["created_at", "available_at"])
-    triggers.schedule("inbox", using, message.pk)
-    return message, True
+    return message

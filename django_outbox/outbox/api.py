@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from django.db import OperationalError, connections, router, transaction
-from django.db.models import F, Field
+from django.db.models import F
 from django.utils import timezone
 
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, triggers
+from django_outbox.engine.insert import fast_insert
 from django_outbox.engine.retry import is_transient
 from django_outbox.exceptions import KeyConflict, PayloadTooLarge
 from django_outbox.outbox.models import OutboxKey, OutboxMessage
@@ -102,37 +102,19 @@ def _insert(row: dict[str, Any], payload_json: str, db: str, notify: str | None)
         message.save(force_insert=True, using=db)
         message.created_at = message.available_at = timezone.now()
         return message
-    # The hot path of every send(): one INSERT … RETURNING whose SQL is built
-    # once per connection, with the columns that never vary written into it
-    # and the payload's JSON text passed as it was validated, not encoded
-    # again; the returned object is built the way querysets build theirs.
-    # No model signals are sent for outbox rows.
-    statement = _insert_statement(connection, notify)
-    params = [
-        payload_json if name == "payload" else prepare(row[name], connection)
-        for name, prepare in statement.params
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(statement.sql, params)
-        pk, created_at = cursor.fetchone()[:2]
-    convert = getattr(connection.ops, "convert_datetimefield_value", None)
-    if convert is not None:  # SQLite returns text
-        created_at = convert(created_at, None, connection)
-    values = [
-        pk if source == "pk" else created_at if source == "clock" else row.get(name, source)
-        for name, source in statement.columns
-    ]
-    return OutboxMessage.from_db(db, [name for name, _ in statement.columns], values)
-
-
-@dataclass(frozen=True)
-class _InsertStatement:
-    sql: str
-    #: Per parameter: the field's name and how to prepare its value.
-    params: tuple[tuple[str, Callable[[Any, Any], Any]], ...]
-    #: Every concrete field in model order: its name and where its value comes
-    #: from ("pk", "clock", or a constant default; varying ones are in the row).
-    columns: tuple[tuple[str, Any], ...]
+    # The hot path of every send(): one INSERT … RETURNING built once per
+    # connection (see engine.insert), the payload's JSON text passed as it was
+    # validated, not encoded again.
+    returning = f"pg_notify('{notify}', 'outbox')" if notify is not None else ""
+    statement = fast_insert(
+        connection,
+        OutboxMessage,
+        varying=_VARYING,
+        clock_fields=_CLOCK_COLUMNS,
+        returning_extra=returning,  # notify: an identifier (checked by the settings)
+    )
+    inserted: OutboxMessage = statement.run(connection, row, raw={"payload": payload_json})
+    return inserted
 
 
 #: The fields a send() sets; every other column is written with its default.
@@ -149,68 +131,6 @@ _VARYING = (
 )
 #: Set from the database's clock in the INSERT itself (see engine.clock).
 _CLOCK_COLUMNS = ("created_at", "available_at")
-_INSERT_CACHE: dict[tuple[str, str | None], _InsertStatement] = {}
-
-
-def _literal(value: Any) -> str:
-    """SQL for a constant default (None, a boolean, an integer or a plain string)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str) and value.isprintable():
-        return "'" + value.replace("'", "''") + "'"
-    raise TypeError(f"no literal for default {value!r}")
-
-
-def _insert_statement(connection: Any, notify: str | None = None) -> _InsertStatement:
-    cached = _INSERT_CACHE.get((connection.alias, notify))
-    if cached is not None:
-        return cached
-    meta = OutboxMessage._meta
-    q = connection.ops.quote_name
-    columns: list[str] = []
-    values: list[str] = []
-    params: list[tuple[str, Callable[[Any, Any], Any]]] = []
-    sources: list[tuple[str, Any]] = []
-    probe = OutboxMessage.objects.using(connection.alias).all()
-    now_sql, now_params = clock.sql_for(clock.now(), probe)
-    assert not now_params
-    for field in meta.concrete_fields:
-        if field.primary_key:
-            sources.append((field.attname, "pk"))
-            continue
-        columns.append(q(field.column))
-        if field.attname in _VARYING:
-            values.append("%s")
-            params.append((field.attname, _preparer(field)))
-            sources.append((field.attname, None))
-        elif field.attname in _CLOCK_COLUMNS:
-            values.append(now_sql)
-            sources.append((field.attname, "clock"))
-        else:
-            default = field.get_default()
-            values.append(_literal(default))
-            sources.append((field.attname, default))
-    sql = (
-        f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
-        f"RETURNING {q(meta.pk.column)}, {q('created_at')}"
-    )
-    if notify is not None:  # an identifier (checked by the settings)
-        sql += f", pg_notify('{notify}', 'outbox')"
-    cached = _INSERT_CACHE[(connection.alias, notify)] = _InsertStatement(
-        sql, tuple(params), tuple(sources)
-    )
-    return cached
-
-
-def _preparer(field: Field[Any, Any]) -> Callable[[Any, Any], Any]:
-    def prepare(value: Any, connection: Any) -> Any:
-        return field.get_db_prep_save(value, connection)
-
-    return prepare
 
 
 def next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
