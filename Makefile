@@ -14,7 +14,7 @@ MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci chaos
+.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -37,6 +37,18 @@ $(VENV6)/.installed: pyproject.toml
 	$(VENV6)/bin/pip install -q --disable-pip-version-check -e ".[dev,django61]"
 	touch $@
 
+# Debian's chromium for the browser tests (tests/browser), installed when missing;
+# Playwright drives it, no browser is ever downloaded. Without it those tests skip
+# locally and fail under CI=true.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@[ -x $(CHROMIUM) ] || { \
+		echo "installing Debian's chromium for the browser tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+		|| echo "could not install chromium: the browser tests will skip (fail under CI=true)" >&2; }
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/python manage.py migrate -v0
 	$(VENV)/bin/python manage.py outbox_demo
@@ -51,22 +63,22 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/python manage.py makemigrations --check --dry-run
 
 # Django 5.2 / Python 3.11 on PostgreSQL: every test, real services.
-test-postgres: $(VENV)/.installed
+test-postgres: $(VENV)/.installed chromium
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(VENV)/bin/python -m pytest --create-db $(PYTEST_ARGS)
 
 # The embedded default: everything that does not need PostgreSQL row locks.
-test-sqlite: $(VENV)/.installed
+test-sqlite: $(VENV)/.installed chromium
 	DATABASE_URL= CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(VENV)/bin/python -m pytest --create-db -m "not postgres and not row_locks" $(PYTEST_ARGS)
 
 # MariaDB: SKIP LOCKED claims, so the multi-process tests run here too.
-test-mariadb: $(VENV)/.installed
+test-mariadb: $(VENV)/.installed chromium
 	DATABASE_URL=$(MARIADB_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(VENV)/bin/python -m pytest --create-db $(PYTEST_ARGS)
 
 # Django 6.1 / Python 3.12 on PostgreSQL.
-test-django6: $(VENV6)/.installed
+test-django6: $(VENV6)/.installed chromium
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(VENV6)/bin/python -m pytest --create-db $(PYTEST_ARGS)
 
