@@ -75,7 +75,7 @@ SHARED_DEFAULTS: Mapping[str, Any] = {
 #: Each part's own keys and their defaults (engine keys are allowed on top).
 SECTION_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "OUTBOX": {"DESTINATIONS": {}, "MAX_PAYLOAD_BYTES": 256 * 1024},
-    "INBOX": {"GAP_ALERT_SECONDS": 300.0},
+    "INBOX": {"GAP_ALERT_SECONDS": 300.0, "SOURCES": {}, "MAX_BODY_BYTES": 256 * 1024},
     "JOBS": {},
 }
 
@@ -115,12 +115,15 @@ MINIMUMS: Mapping[str, float] = {
     "MAX_ATTEMPTS": 1,
     "PURGE_BATCH_SIZE": 1,
     "MAX_PAYLOAD_BYTES": 1,
+    "MAX_BODY_BYTES": 1,
     "HEARTBEAT_SECONDS": 0.05,
     "WORKER_TIMEOUT_SECONDS": 0.1,
     "SWEEP_STALE_SECONDS": 1,
 }
 
-_INTEGER_KEYS = frozenset({"BATCH_SIZE", "MAX_ATTEMPTS", "PURGE_BATCH_SIZE", "MAX_PAYLOAD_BYTES"})
+_INTEGER_KEYS = frozenset(
+    {"BATCH_SIZE", "MAX_ATTEMPTS", "PURGE_BATCH_SIZE", "MAX_PAYLOAD_BYTES", "MAX_BODY_BYTES"}
+)
 
 
 @dataclass(frozen=True)
@@ -180,13 +183,69 @@ class PartSettings:
     engine: EngineSettings
 
 
+#: How an inbox source receives its messages.
+SOURCE_TRANSPORTS = ("kombu", "webhook", "celery", "local")
+_SOURCE_REQUIRED: Mapping[str, tuple[str, ...]] = {
+    "kombu": ("URL", "QUEUE"),
+    "webhook": ("SECRET",),
+    "celery": (),
+    "local": (),
+}
+_SOURCE_KEYS = frozenset(
+    {
+        "TRANSPORT",
+        "URL",
+        "QUEUE",
+        "SECRET",
+        "TOLERANCE_SECONDS",
+        "PREFETCH",
+        "MAX_BODY_BYTES",
+        "TYPE_HEADER",
+        "KEY_HEADER",
+        "SEQUENCE_HEADER",
+        "MESSAGE_ID_HEADER",
+        "DEFAULT_TYPE",
+        "TRANSPORT_OPTIONS",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One configured inbox source: where messages ``receive(source=name)`` come from."""
+
+    name: str
+    transport: str
+    #: The other keys, lower-cased (``url``, ``queue``, ``secret``, ``key_header`` …).
+    options: Mapping[str, Any] = field(default_factory=dict)
+    max_body_bytes: int = 256 * 1024
+
+    def header(self, role: str, default: str) -> str:
+        """The header that carries *role* (``type``, ``key``, ``sequence``, ``message_id``)
+        for this source: the outbox's own unless the source maps another producer's."""
+        return str(self.options.get(f"{role}_header") or default).lower()
+
+
 @dataclass(frozen=True)
 class InboxSettings:
-    """The ``INBOX`` section: how incoming messages are handled."""
+    """The ``INBOX`` section: where messages come from and how they are handled."""
 
     engine: EngineSettings
     #: A strict key waiting this long for a missing sequence raises an alert.
     gap_alert_seconds: float
+    sources: Mapping[str, Source] = field(default_factory=dict)
+    max_body_bytes: int = 256 * 1024
+
+    def source(self, name: str) -> Source:
+        """Return the source called *name* or raise ``ConfigurationError``."""
+        try:
+            return self.sources[name]
+        except KeyError:
+            raise ConfigurationError(
+                f"unknown inbox source {name!r}{suggest(name, self.sources)} "
+                f"(configured: {', '.join(sorted(self.sources)) or 'none'}); "
+                f"add it to {SETTING_NAME}['INBOX']['SOURCES']"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -321,11 +380,36 @@ def _inbox(raw: Mapping[str, Any], base: EngineSettings) -> InboxSettings:
     section = _section(raw, "INBOX")
     path = f"{SETTING_NAME}['INBOX']"
     defaults = SECTION_DEFAULTS["INBOX"]
+    max_body = _number(section, "MAX_BODY_BYTES", defaults["MAX_BODY_BYTES"], path)
+    raw_sources = section.get("SOURCES", {})
+    if not isinstance(raw_sources, Mapping):
+        raise ConfigurationError(f"{path}['SOURCES'] must be a dict")
     return InboxSettings(
         engine=_engine(section, base, path),
         gap_alert_seconds=_number(
             section, "GAP_ALERT_SECONDS", defaults["GAP_ALERT_SECONDS"], path
         ),
+        sources={name: _source(name, value, max_body) for name, value in raw_sources.items()},
+        max_body_bytes=max_body,
+    )
+
+
+def _source(name: Any, raw: Any, max_body: int) -> Source:
+    path = f"{SETTING_NAME}['INBOX']['SOURCES'][{name!r}]"
+    if not isinstance(name, str) or not name or len(name) > 100:
+        raise ConfigurationError(f"{path}: source names are non-empty strings of at most 100")
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(f"{path} must be a dict, got {type(raw).__name__}")
+    _check_keys(raw, _SOURCE_KEYS, path)
+    transport = _choice(raw.get("TRANSPORT"), SOURCE_TRANSPORTS, f"{path}['TRANSPORT']")
+    for required in _SOURCE_REQUIRED[transport]:
+        if not raw.get(required):
+            raise ConfigurationError(f"{path}['{required}'] is required for a {transport} source")
+    return Source(
+        name=name,
+        transport=transport,
+        options={k.lower(): v for k, v in raw.items() if k != "TRANSPORT"},
+        max_body_bytes=_number(raw, "MAX_BODY_BYTES", max_body, path),
     )
 
 

@@ -32,6 +32,7 @@ def receive(
     headers: Mapping[str, str] | None = None,
     correlation_id: str | None = None,
     using: str | None = None,
+    trigger: bool = True,
 ) -> tuple[InboxMessage, bool]:
     """Store an incoming message unless (source, message id) is already stored.
 
@@ -39,8 +40,9 @@ def receive(
     ``created=False`` and does nothing else: no second handling, no trigger.
     A new row is ``should_be_handled``; when the surrounding transaction
     commits (at once without one), its handler is triggered as ``DISPATCH``
-    says. Raises ``InvalidMessage`` (``PayloadError`` for the payload and
-    headers) for arguments that cannot be stored; nothing is stored then.
+    says (``trigger=False``: not, for a caller that handles it itself).
+    Raises ``InvalidMessage`` (``PayloadError`` for the payload and headers)
+    for arguments that cannot be stored; nothing is stored then.
     """
     check_text("type", type, MAX_TYPE_LENGTH, required=True)
     check_text("source", source, MAX_SOURCE_LENGTH, required=True)
@@ -88,7 +90,8 @@ def receive(
         message = _insert_with_savepoint(using, row)
         if message is None:
             return _stored(using, source, message_id), False
-    triggers.schedule("inbox", using, message.pk)
+    if trigger:
+        triggers.schedule("inbox", using, message.pk)
     return message, True
 
 

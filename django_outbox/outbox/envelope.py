@@ -11,17 +11,18 @@ from uuid import UUID
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from django_outbox.wire import (
+    HEADER_ATTEMPT,
+    HEADER_CORRELATION_ID,
+    HEADER_CREATED_AT,
+    HEADER_KEY,
+    HEADER_MESSAGE_ID,
+    HEADER_SEQUENCE,
+    HEADER_TYPE,
+)
+
 if TYPE_CHECKING:
     from django_outbox.outbox.models import OutboxMessage
-
-#: Header names every published message carries (lower-case, protocol-neutral).
-HEADER_MESSAGE_ID = "outbox-message-id"
-HEADER_TYPE = "outbox-type"
-HEADER_KEY = "outbox-key"
-HEADER_SEQUENCE = "outbox-sequence"
-HEADER_CORRELATION_ID = "outbox-correlation-id"
-HEADER_CREATED_AT = "outbox-created-at"
-HEADER_ATTEMPT = "outbox-attempt"
 
 
 @dataclass(frozen=True, slots=True)

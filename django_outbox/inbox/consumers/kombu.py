@@ -1,0 +1,163 @@
+"""The kombu consumer behind ``manage.py inbox_consume``: RabbitMQ or Redis queues into
+the inbox, acknowledged only once stored.
+
+Messages are taken in batches (``--batch`` messages, or what arrived within
+``--batch-seconds``): one transaction stores the whole batch, and only after
+it commits are the messages acknowledged. A database failure acknowledges
+nothing (the messages are returned to the queue and come again); a crash
+after the commit and before the acks redelivers messages that are already
+stored, and the inbox recognises them (same source and message id). Then,
+by default, the consumer handles the batch itself, in lock mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kombu
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+
+from django_outbox.conf import Source
+from django_outbox.inbox.handling import Inbox
+from django_outbox.inbox.intake import Arrival, store
+from django_outbox.inbox.models import InboxState
+
+logger = logging.getLogger("django_outbox.inbox")
+
+
+@dataclass
+class ConsumeResult:
+    """Counts of a consumer's run."""
+
+    received: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    unreadable: int = 0
+    handled: int = 0
+    failed_batches: int = 0
+    batches: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class KombuConsumer:
+    """Consumes one kombu source until told to stop."""
+
+    source: Source
+    using: str = DEFAULT_DB_ALIAS
+    batch_size: int = 500
+    batch_seconds: float = 0.05
+    handle: bool = True
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    result: ConsumeResult = field(default_factory=ConsumeResult)
+
+    def __post_init__(self) -> None:
+        self._pending: list[Any] = []
+
+    def stop(self, *args: Any) -> None:
+        """Finish the batch in hand, then return from ``run()`` (a signal handler)."""
+        self.stop_event.set()
+
+    def run(self, *, until_idle: float | None = None, max_messages: int | None = None) -> None:
+        """Consume until stopped, until no message came for *until_idle* seconds, or
+        after *max_messages* messages."""
+        options = self.source.options
+        prefetch = int(options.get("prefetch") or self.batch_size * 2)
+        with kombu.Connection(
+            options["url"], transport_options=dict(options.get("transport_options") or {})
+        ) as connection:
+            queue = kombu.Queue(str(options["queue"]), durable=True)
+            with connection.Consumer(
+                [queue], on_message=self._pending.append, prefetch_count=prefetch
+            ):
+                idle_since = time.monotonic()
+                batch_started: float | None = None
+                while not self.stop_event.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        connection.drain_events(timeout=min(0.2, self.batch_seconds))
+                    now = time.monotonic()
+                    if self._pending:
+                        idle_since = now
+                        batch_started = batch_started or now
+                        full = len(self._pending) >= self.batch_size
+                        if full or now - batch_started >= self.batch_seconds:
+                            self.flush()
+                            batch_started = None
+                    if max_messages is not None and self.result.received >= max_messages:
+                        break
+                    if until_idle is not None and now - idle_since >= until_idle:
+                        break
+                self.flush()
+        connections[self.using].close()
+
+    def flush(self) -> None:
+        """Store the pending messages in one transaction, ack them, then handle them."""
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        self.result.received += len(batch)
+        try:
+            stored = self._store(batch)
+        except DatabaseError:
+            # Nothing was stored: give every message back to the broker.
+            logger.exception(
+                "storing %d message(s) from %s failed; they go back to the queue",
+                len(batch),
+                self.source.name,
+            )
+            self.result.failed_batches += 1
+            for message in batch:
+                try:
+                    message.requeue()
+                except Exception:  # the connection may be gone: the broker redelivers
+                    logger.debug("requeue failed", exc_info=True)
+            connections[self.using].close()
+            time.sleep(1.0)
+            return
+        for message in batch:
+            message.ack()
+        self.result.batches += 1
+        if self.handle and stored:
+            handled = Inbox(using=self.using).deliver(stored)
+            self.result.handled += handled.done
+
+    def _store(self, batch: list[Any]) -> list[int]:
+        """Store *batch*; return the ids of the new messages to handle."""
+        ids: list[int] = []
+        stored = duplicates = unreadable = 0
+        with transaction.atomic(using=self.using):
+            for message in batch:
+                row, created = store(
+                    self._arrival(message), using=self.using, trigger=not self.handle
+                )
+                if not created:
+                    duplicates += 1
+                elif row.state == InboxState.HANDLE_ERROR:
+                    unreadable += 1
+                else:
+                    stored += 1
+                    ids.append(row.pk)
+        self.result.stored += stored
+        self.result.duplicates += duplicates
+        self.result.unreadable += unreadable
+        return ids
+
+    def _arrival(self, message: Any) -> Arrival:
+        body = message.body
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        properties = message.properties or {}
+        return Arrival(
+            source=self.source,
+            body=body,
+            headers=message.headers or {},
+            transport_id=properties.get("message_id"),
+            content_type=message.content_type,
+        )
