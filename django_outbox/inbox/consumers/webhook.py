@@ -53,7 +53,8 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     body = request.body
     if len(body) > config.max_body_bytes:
         return _refuse(413, source, f"body of {len(body)} bytes is over {config.max_body_bytes}")
-    problem = _signature_problem(config.options, body, request.headers.get(signing.SIGNATURE_HEADER))
+    signature = request.headers.get(signing.SIGNATURE_HEADER)
+    problem = _signature_problem(config.options, body, signature)
     if problem:
         return _refuse(401, source, problem)
     headers: dict[str, Any] = dict(request.headers.items())
