@@ -74,3 +74,18 @@ def purge_inbox(using: str = DEFAULT_DB_ALIAS) -> int:
     from django_outbox.inbox.maintenance import purge
 
     return purge(using=using)
+
+
+# The task other services' outboxes call to deliver into this inbox (registered here
+# so that a worker that imports django_outbox.tasks has it).
+from django_outbox.inbox.consumers.celery import receive_task  # noqa: E402
+
+__all__ = [
+    "deliver_messages",
+    "handle_inbox",
+    "purge_inbox",
+    "purge_outbox",
+    "receive_task",
+    "sweep_inbox",
+    "sweep_outbox",
+]
