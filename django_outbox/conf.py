@@ -46,6 +46,7 @@ TRANSPORT_ALIASES: Mapping[str, str] = {
     "celery": "django_outbox.outbox.transports.celery.CeleryTransport",
     "http": "django_outbox.outbox.transports.http.HttpTransport",
     "memory": "django_outbox.outbox.transports.memory.MemoryTransport",
+    "local": "django_outbox.outbox.transports.local.LocalTransport",
 }
 
 #: Engine keys: allowed at the top level (defaults for every part) and in each

@@ -1,10 +1,14 @@
-"""A stand-in for another service's Celery task, used by the Celery transport test."""
+"""Celery tasks of the test project: a stand-in for another service's task (the Celery
+transport test) and an idempotent task (the inbox's task records)."""
 
 import json
 import os
 
 import redis
 from celery import shared_task
+
+from django_outbox.inbox.tasks import idempotent_task
+from testproject.shop.models import Payment
 
 
 @shared_task(name="billing.charge_order", bind=True)
@@ -19,3 +23,12 @@ def charge_order(self, payload):
     entry = {"payload": payload, "task_id": request.id, "headers": headers}
     client.rpush("remote-calls", json.dumps(entry))
     client.close()
+
+
+@idempotent_task(name="shop.capture_payment", acks_late=True)
+def capture_payment(order_ref, fail=False):
+    """Records one Payment per run that counts: a redelivered task id adds nothing."""
+    Payment.objects.create(order_ref=order_ref, status="task")
+    if fail:
+        raise ValueError("card declined")
+    return order_ref

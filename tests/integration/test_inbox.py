@@ -247,3 +247,42 @@ def test_a_gap_older_than_the_alert_time_is_reported_once(configure_outbox, capl
     assert later.last_error.startswith("gap alert: waiting for sequence 1 of key 'order:9'")
     assert alerts == [1]
     assert caplog.text.count("inbox gap: message") == 1
+
+
+def test_the_local_transport_delivers_into_our_own_inbox_once(configure_outbox):
+    from django_outbox.models import OutboxMessage, OutboxState
+    from django_outbox.outbox.relay import Relay
+
+    configure_outbox(DESTINATIONS={"self": {"TRANSPORT": "local", "SOURCE": "self"}})
+    sent = django_outbox.send("payment.captured", {"order": "o1"}, to="self", key="order:1")
+    assert Relay().drain().sent == 1
+    OutboxMessage.objects.update(state=OutboxState.SHOULD_BE_SENT)  # delivered again
+    assert Relay().drain().sent == 1
+    [stored] = InboxMessage.objects.all()
+    assert (stored.source, stored.message_id) == ("self", str(sent.message_id))
+    assert (stored.key, stored.sequence, stored.payload) == ("order:1", 1, {"order": "o1"})
+    assert Inbox().drain().done == 1
+    assert Payment.objects.count() == 1
+
+
+def test_an_idempotent_task_runs_once_per_task_id():
+    from testproject.shop.tasks import capture_payment
+
+    first = capture_payment.apply(args=("o1",), task_id="task-1")
+    again = capture_payment.apply(args=("o1",), task_id="task-1")  # a redelivery
+    assert (first.result, again.result) == ("o1", None)
+    assert Payment.objects.filter(status="task").count() == 1
+    record = InboxMessage.objects.get(source="celery-task", message_id="task-1")
+    assert (record.type, record.state) == ("shop.capture_payment", InboxState.HANDLED)
+    assert record.payload == {"args": ["o1"], "kwargs": {}}
+
+
+def test_a_failed_idempotent_task_leaves_no_record_and_runs_again():
+    from testproject.shop.tasks import capture_payment
+
+    failed = capture_payment.apply(args=("o2",), kwargs={"fail": True}, task_id="task-2")
+    assert failed.failed()
+    assert not InboxMessage.objects.filter(message_id="task-2").exists()
+    assert not Payment.objects.exists()  # rolled back with the record
+    assert capture_payment.apply(args=("o2",), task_id="task-2").result == "o2"
+    assert Payment.objects.count() == 1

@@ -1,7 +1,7 @@
 """In-memory transport for tests: published envelopes land in a list.
 
-The local transport into this project's own inbox replaces it once the inbox
-exists; until then this is how tests observe what the relay published.
+Tests observe what the relay published here. To deliver into this service's
+own inbox, use the ``local`` transport.
 """
 
 from __future__ import annotations
