@@ -286,3 +286,25 @@ def test_a_failed_idempotent_task_leaves_no_record_and_runs_again():
     assert not Payment.objects.exists()  # rolled back with the record
     assert capture_payment.apply(args=("o2",), task_id="task-2").result == "o2"
     assert Payment.objects.count() == 1
+
+
+def test_inbox_requeue_by_type_with_a_dry_run_first():
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    for n in range(3):
+        receive("refund.issued", {"n": n})
+    receive("payment.captured", {"order": "bad", "fail": True})
+    Inbox().drain()
+    assert InboxMessage.objects.filter(state=InboxState.HANDLE_ERROR).count() == 4
+    out = io.StringIO()
+    call_command("inbox_requeue", "--type", "refund.issued", "--dry-run", stdout=out)
+    assert out.getvalue().strip() == "3 message(s) would be requeued (dry run)"
+    assert InboxMessage.objects.filter(state=InboxState.HANDLE_ERROR).count() == 4
+    out = io.StringIO()
+    call_command("inbox_requeue", "--type", "refund.issued", "--batch", "2", stdout=out)
+    assert out.getvalue().strip() == "3 message(s) requeued"
+    assert InboxMessage.objects.filter(state=InboxState.SHOULD_BE_HANDLED).count() == 3
+    with pytest.raises(CommandError, match="at least one of"):
+        call_command("inbox_requeue")
