@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`.
 # Everything else here is a step of those two or a documented extra
-# (`make bench`, `make chaos`).
+# (`make bench`, `make bench-admin`, `make chaos`).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -14,12 +14,13 @@ MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci chaos
+.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
 	@echo "make test   set up and run the whole test suite (needs PostgreSQL, MariaDB, Redis, RabbitMQ)"
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
+	@echo "make bench-admin  the admin's pages over 5 million rows on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
 
 $(VENV)/.installed: pyproject.toml
@@ -96,6 +97,12 @@ bench: $(VENV)/.installed
 bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational
 	$(VENV)/bin/python -m tests.benchmarks.latency --rates 200 --seconds 2 --brokers redis --informational
+	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 20000 --repeat 1 --informational
+
+# The admin's list and message pages over 5 million rows on PostgreSQL, in a database
+# of their own (created, then dropped). Several minutes, most of them filling the table.
+bench-admin: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 5000000 --repeat 5
 
 # The crash and recovery acceptance tests at full size (make test runs them reduced).
 chaos: $(VENV)/.installed
