@@ -207,6 +207,7 @@ _SOURCE_KEYS = frozenset(
         "MESSAGE_ID_HEADER",
         "DEFAULT_TYPE",
         "TRANSPORT_OPTIONS",
+        "REPLY_TO",
     }
 )
 

@@ -8,6 +8,8 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from django_outbox.admin.shared import (
     AttemptsFilter,
@@ -85,7 +87,7 @@ class InboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type
     actions = ("requeue_messages", "skip_messages", "release_gaps")
     fieldsets = (
         (None, {"fields": ("source", "message_id", "type", "state")}),
-        ("Ordering", {"fields": ("key", "sequence", "correlation_id")}),
+        ("Ordering", {"fields": ("key", "sequence", "correlation_id", "in_reply_to")}),
         ("Content", {"fields": ("payload_pretty", "headers_pretty", "raw_body")}),
         (
             "Handling",
@@ -118,6 +120,26 @@ class InboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type
     @admin.display(description="traceback")
     def traceback_pretty(self, obj: InboxMessage) -> str:
         return pretty_text(obj.traceback)
+
+    @admin.display(description="in reply to")
+    def in_reply_to(self, obj: InboxMessage) -> str:
+        """For a reply: the request this service sent (same correlation id, sent with
+        ``reply_to`` naming this message's source)."""
+        from django_outbox.outbox.models import OutboxMessage
+        from django_outbox.wire import HEADER_REPLY_TO
+
+        if not obj.correlation_id:
+            return "—"
+        requests = OutboxMessage.objects.using(obj._state.db).filter(
+            correlation_id=obj.correlation_id
+        )
+        for request in requests[:20]:
+            if (request.headers or {}).get(HEADER_REPLY_TO) == obj.source:
+                url = reverse("admin:django_outbox_outboxmessage_change", args=[request.pk])
+                return format_html(
+                    '<a href="{}">{} (outbox #{})</a>', url, request.type, request.pk
+                )
+        return "—"
 
     @admin.display(description="last error")
     def error(self, obj: InboxMessage) -> str:

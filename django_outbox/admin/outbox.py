@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from django_outbox.admin.shared import (
     AttemptsFilter,
@@ -29,6 +29,7 @@ from django_outbox.outbox.models import (
     UNFINISHED_STATES,
     OutboxMessage,
 )
+from django_outbox.wire import HEADER_REPLY_TO
 
 
 @admin.register(OutboxMessage)
@@ -68,7 +69,10 @@ class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[typ
     change_form_template = "django_outbox/admin/change_form.html"
     fieldsets = (
         (None, {"fields": ("message_id", "type", "destination", "state", "uncertain")}),
-        ("Ordering", {"fields": ("key", "sequence", "waiting_behind", "correlation_id")}),
+        (
+            "Ordering",
+            {"fields": ("key", "sequence", "waiting_behind", "correlation_id", "replies")},
+        ),
         ("Content", {"fields": ("payload_pretty", "headers_pretty")}),
         (
             "Delivery",
@@ -133,6 +137,35 @@ class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[typ
             obj.destination,
             obj.key,
             waiting,
+        )
+
+    @admin.display(description="replies")
+    def replies(self, obj: OutboxMessage) -> str:
+        """For a request (sent with ``reply_to``): the replies that arrived in the inbox."""
+        from django_outbox.inbox.models import InboxMessage
+
+        source = (obj.headers or {}).get(HEADER_REPLY_TO)
+        if not source or not obj.correlation_id:
+            return "—"
+        replies = list(
+            InboxMessage.objects.using(obj._state.db)
+            .filter(source=source, correlation_id=obj.correlation_id)
+            .order_by("pk")[:10]
+        )
+        if not replies:
+            return f"none yet (expected on source {source!r})"
+        return format_html_join(
+            ", ",
+            '<a href="{}">{} [{}] (inbox #{})</a>',
+            (
+                (
+                    reverse("admin:django_outbox_inboxmessage_change", args=[r.pk]),
+                    r.type,
+                    r.state,
+                    r.pk,
+                )
+                for r in replies
+            ),
         )
 
     # -- search --------------------------------------------------------------

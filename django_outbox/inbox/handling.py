@@ -24,6 +24,7 @@ from django_outbox.engine.retry import is_transient
 from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
 from django_outbox.inbox.handlers import Handler, get_handler
 from django_outbox.inbox.models import FINISHED_STATES, InboxCursor, InboxMessage, InboxState
+from django_outbox.wire import HEADER_REPLY_TO
 
 #: The Celery task an on-commit trigger of the inbox sends.
 HANDLE_TASK = "django_outbox.tasks.handle_inbox"
@@ -97,10 +98,12 @@ class Handling(Part):
                     verdict = self._order(message, handler, cursor)
                     if verdict is not None:
                         return verdict
-                    handler.function(message)
+                    reply = handler.function(message)
                     self._advance(message, cursor)
                 else:
-                    handler.function(message)
+                    reply = handler.function(message)
+                if reply is not None and message.headers.get(HEADER_REPLY_TO):
+                    self._reply(message, reply)
         except Exception as exc:
             if isinstance(exc, DatabaseError) and is_transient(exc):
                 # A deadlock (MySQL rolls back the whole transaction, savepoints
@@ -112,6 +115,26 @@ class Handling(Part):
                 return RetryableHandlerError(text, tb)
             return PermanentHandlerError(text, tb)
         return None
+
+    def _reply(self, message: InboxMessage, reply: Any) -> None:
+        """Send the handler's return value back to the requester, in the handler's
+        transaction (through the outbox: the documented seam between the parts)."""
+        from django_outbox.outbox.api import send
+
+        source = self.settings.inbox.sources.get(message.source)
+        destination = source.options.get("reply_to") if source is not None else None
+        if not destination:
+            raise PermanentError(
+                f"the handler returned a reply to a request, but source {message.source!r} "
+                "has no REPLY_TO destination to send it to"
+            )
+        send(
+            f"{message.type}.reply",
+            reply,
+            to=str(destination),
+            correlation_id=message.correlation_id or message.message_id,
+            using=self.using,
+        )
 
     # -- ordering per key --------------------------------------------------------
 

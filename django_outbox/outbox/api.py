@@ -18,6 +18,7 @@ from django_outbox.engine.retry import is_transient
 from django_outbox.exceptions import KeyConflict, PayloadTooLarge
 from django_outbox.outbox.models import OutboxKey, OutboxMessage
 from django_outbox.validation import check_headers, check_text, encode_json
+from django_outbox.wire import HEADER_REPLY_TO
 
 MAX_TYPE_LENGTH = 255
 MAX_KEY_LENGTH = 255
@@ -31,9 +32,16 @@ def send(
     key: str | None = None,
     headers: Mapping[str, str] | None = None,
     correlation_id: str | None = None,
+    reply_to: str | None = None,
     using: str | None = None,
 ) -> OutboxMessage:
     """Record a message for destination *to*; it is published after the transaction commits.
+
+    *reply_to* makes it a request: it names the inbox source on which this
+    service receives the other side's reply. The message gets a correlation
+    id (its own message id unless one is given) and an ``outbox-reply-to``
+    header; a reply that arrives on that source with that correlation id is
+    matched to it (both rows show it in the admin).
 
     Validation happens before anything touches the database, so a bad call
     raises (``InvalidMessage`` and its subclasses ``PayloadError`` and
@@ -50,6 +58,7 @@ def send(
     check_text("key", key, MAX_KEY_LENGTH)
     check_text("correlation_id", correlation_id, 255)
     header_map = check_headers(headers)
+    check_text("reply_to", reply_to, 100)
     text, size = encode_json(payload, what=f"payload of {type!r}")
     if size > config.max_payload_bytes:
         raise PayloadTooLarge(
@@ -57,8 +66,12 @@ def send(
             f"{config.max_payload_bytes}"
         )
     db = using or router.db_for_write(OutboxMessage)
+    message_id = uuid.uuid4()
+    if reply_to is not None:
+        header_map[HEADER_REPLY_TO] = reply_to
+        correlation_id = correlation_id or str(message_id)
     row: dict[str, Any] = {
-        "message_id": uuid.uuid4(),
+        "message_id": message_id,
         "type": type,
         "destination": to,
         # What will be published, not what was passed: Decimal and datetime

@@ -29,3 +29,15 @@ def order_status(message):
 def order_step(message):
     """Appends each step of an order in sequence order: a gap makes later steps wait."""
     Payment.objects.create(order_ref=message.key, status="step", sequence=message.sequence)
+
+
+@handler("quote.requested")
+def quote_requested(message):
+    """The responding side of a request: its return value is sent back as the reply."""
+    return {"order": message.payload["order"], "price_cents": 4200}
+
+
+@handler("quote.requested.reply")
+def quote_received(message):
+    """The requesting side: the reply arrives in its inbox like any message."""
+    Payment.objects.create(order_ref=message.payload["order"], status="quoted")

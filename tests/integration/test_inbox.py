@@ -308,3 +308,68 @@ def test_inbox_requeue_by_type_with_a_dry_run_first():
     assert InboxMessage.objects.filter(state=InboxState.SHOULD_BE_HANDLED).count() == 3
     with pytest.raises(CommandError, match="at least one of"):
         call_command("inbox_requeue")
+
+
+def test_request_and_reply_are_matched_by_correlation_id(configure_outbox):
+    """Two services over local transports (A's outbox to B's inbox and back)."""
+    from django_outbox.models import OutboxMessage
+    from django_outbox.outbox.relay import Relay
+
+    configure_outbox(
+        DESTINATIONS={
+            "to-b": {"TRANSPORT": "local", "SOURCE": "from-a"},
+            "to-a": {"TRANSPORT": "local", "SOURCE": "from-b"},
+        },
+        INBOX={
+            "SOURCES": {
+                "from-a": {"TRANSPORT": "local", "REPLY_TO": "to-a"},
+                "from-b": {"TRANSPORT": "local"},
+            }
+        },
+    )
+    request = django_outbox.send("quote.requested", {"order": "o9"}, to="to-b", reply_to="from-b")
+    assert request.correlation_id == str(request.message_id)
+    assert request.headers["outbox-reply-to"] == "from-b"
+    Relay().drain()  # A → B
+    Inbox().drain()  # B handles, its reply goes into its outbox in the same transaction
+    [reply_out] = OutboxMessage.objects.filter(type="quote.requested.reply")
+    assert reply_out.correlation_id == request.correlation_id
+    Relay().drain()  # B → A
+    Inbox().drain()  # A handles the reply
+    reply_in = InboxMessage.objects.get(source="from-b")
+    assert (reply_in.correlation_id, reply_in.state) == (request.correlation_id, InboxState.HANDLED)
+    assert reply_in.payload == {"order": "o9", "price_cents": 4200}
+    assert Payment.objects.get().status == "quoted"
+
+
+def test_a_reply_without_a_reply_destination_is_a_clear_handling_error(configure_outbox):
+    configure_outbox(INBOX={"SOURCES": {"partner": {"TRANSPORT": "local"}}})
+    message, _ = receive(
+        "quote.requested",
+        {"order": "o1"},
+        source="partner",
+        headers={"outbox-reply-to": "them"},
+        correlation_id="c-1",
+    )
+    Inbox().drain()
+    message.refresh_from_db()
+    assert message.state == InboxState.HANDLE_ERROR
+    assert "source 'partner' has no REPLY_TO destination" in message.last_error
+
+
+def test_the_admin_shows_the_request_on_the_reply_and_the_reply_on_the_request(
+    configure_outbox, client
+):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    test_request_and_reply_are_matched_by_correlation_id(configure_outbox)
+    from django_outbox.models import OutboxMessage
+
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    request = OutboxMessage.objects.get(type="quote.requested")
+    reply = InboxMessage.objects.get(source="from-b")
+    page = client.get(reverse("admin:django_outbox_outboxmessage_change", args=[request.pk]))
+    assert f"quote.requested.reply [handled] (inbox #{reply.pk})" in page.text
+    page = client.get(reverse("admin:django_outbox_inboxmessage_change", args=[reply.pk]))
+    assert f"quote.requested (outbox #{request.pk})" in page.text

@@ -57,7 +57,15 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     problem = _signature_problem(config.options, body, signature)
     if problem:
         return _refuse(401, source, problem)
-    headers: dict[str, Any] = dict(request.headers.items())
+    # The message's own headers travel as outbox-* (or the source's mapped ones);
+    # Host, User-Agent and the like are the HTTP exchange's, not the message's.
+    mapped = {config.header(role, "") for role in ("type", "key", "sequence", "message_id")}
+    headers: dict[str, Any] = {
+        name: value
+        for name, value in request.headers.items()
+        if name.lower().startswith("outbox-") or name.lower() in mapped
+    }
+    headers.pop(signing.SIGNATURE_HEADER, None)
     arrival = Arrival(
         source=config,
         body=body,
