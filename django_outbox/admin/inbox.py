@@ -13,6 +13,7 @@ from django.utils.html import format_html
 
 from django_outbox.admin.shared import (
     AttemptsFilter,
+    ConfiguredValuesFilter,
     EstimatedCountPaginator,
     HasErrorFilter,
     OperatorActions,
@@ -55,6 +56,18 @@ class WaitingForGapFilter(admin.SimpleListFilter):
         return queryset
 
 
+class SourceFilter(ConfiguredValuesFilter):
+    title = "source"
+    parameter_name = "source"
+    field_name = "source"
+
+    def values(self) -> list[str]:
+        from django_outbox.conf import get_settings
+        from django_outbox.inbox.tasks import TASK_SOURCE
+
+        return [*get_settings().inbox.sources, TASK_SOURCE]
+
+
 @admin.register(InboxMessage)
 class InboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type-arg]
     part_name = "inbox"
@@ -76,7 +89,7 @@ class InboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type
         HasErrorFilter,
         AttemptsFilter,
         WaitingForGapFilter,
-        "source",
+        SourceFilter,
         ("created_at", admin.DateFieldListFilter),
     )
     search_fields = ("=message_id", "^key", "^type", "=correlation_id")

@@ -16,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 
 from django_outbox.admin.shared import (
     AttemptsFilter,
+    ConfiguredValuesFilter,
     EstimatedCountPaginator,
     HasErrorFilter,
     OperatorActions,
@@ -23,6 +24,7 @@ from django_outbox.admin.shared import (
     pretty_text,
     short_error,
 )
+from django_outbox.conf import get_settings
 from django_outbox.outbox.models import (
     CANCELLABLE_STATES,
     REQUEUEABLE_STATES,
@@ -30,6 +32,15 @@ from django_outbox.outbox.models import (
     OutboxMessage,
 )
 from django_outbox.wire import HEADER_REPLY_TO
+
+
+class DestinationFilter(ConfiguredValuesFilter):
+    title = "destination"
+    parameter_name = "destination"
+    field_name = "destination"
+
+    def values(self) -> list[str]:
+        return list(get_settings().outbox.destinations)
 
 
 @admin.register(OutboxMessage)
@@ -53,7 +64,7 @@ class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[typ
         "state",
         HasErrorFilter,
         AttemptsFilter,
-        "destination",
+        DestinationFilter,
         "uncertain",
         "blocked",
         ("created_at", admin.DateFieldListFilter),

@@ -81,13 +81,39 @@ class AttemptsFilter(admin.SimpleListFilter):
         return queryset.filter(chosen[1]) if chosen else queryset
 
 
+#: A filtered list counts its matches up to here, no further.
+COUNT_CAP = 10_000
+
+
+class ConfiguredValuesFilter(admin.SimpleListFilter):
+    """A filter whose choices come from the settings, not from ``SELECT DISTINCT``: a
+    plain field filter reads the whole table on every list page (1.3 s at 5 million
+    rows on PostgreSQL)."""
+
+    field_name = ""
+
+    def values(self) -> Sequence[str]:
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Sequence[tuple[str, str]]:
+        return [(value, value) for value in sorted(self.values())]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(**{self.field_name: self.value()})
+        return queryset
+
+
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
-    """Counts an unfiltered PostgreSQL table from its statistics instead of ``COUNT(*)``:
-    with millions of rows the list still opens at once (page links are approximate)."""
+    """Counts without reading huge tables: an unfiltered PostgreSQL table from its
+    statistics instead of ``COUNT(*)``, a filtered list up to ``COUNT_CAP`` matches
+    (page links are approximate beyond that)."""
 
     @cached_property
     def count(self) -> int:
         queryset = self.object_list
+        if isinstance(queryset, QuerySet) and queryset.query.where:
+            return int(queryset.order_by()[: COUNT_CAP + 1].count())
         if isinstance(queryset, QuerySet) and not queryset.query.where:
             connection = connections[queryset.db]
             if connection.vendor == "postgresql":
