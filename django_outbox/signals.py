@@ -45,3 +45,8 @@ inbox_message_failed = Signal()
 #: A message of a ``strict`` key has waited longer than ``GAP_ALERT_SECONDS`` for an
 #: earlier sequence. Arguments: ``message``, ``missing`` (the sequence it waits for).
 inbox_gap_detected = Signal()
+
+#: ``inbox_consume`` stored a batch (committed) and is about to acknowledge it.
+#: Arguments: ``source`` (str), ``ids`` (the new rows' primary keys). A hook for
+#: metrics and for crash tests.
+inbox_batch_stored = Signal()

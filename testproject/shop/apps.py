@@ -13,3 +13,7 @@ class ShopConfig(AppConfig):
             from testproject.shop import faults
 
             faults.install_freeze_after_publish(os.environ["TESTPROJECT_FREEZE_AFTER_PUBLISH"])
+        if os.environ.get("TESTPROJECT_FREEZE_AFTER_STORE"):
+            from testproject.shop import faults
+
+            faults.install_freeze_after_store(os.environ["TESTPROJECT_FREEZE_AFTER_STORE"])

@@ -4,7 +4,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_outbox.signals import outbox_batch_published
+from django_outbox.signals import inbox_batch_stored, outbox_batch_published
 
 
 def install_freeze_after_publish(marker: str) -> None:
@@ -20,3 +20,26 @@ def install_freeze_after_publish(marker: str) -> None:
             time.sleep(3600)
 
     outbox_batch_published.connect(freeze, weak=False, dispatch_uid="freeze-after-publish")
+
+
+def install_freeze_after_store(marker: str) -> None:
+    """After ``inbox_consume`` committed its first batch, write *marker* and hang before
+    acknowledging: the test SIGKILLs the process, the broker redelivers stored messages."""
+
+    def freeze(*, ids: Any, **kwargs: Any) -> None:
+        Path(marker).write_text("\n".join(str(pk) for pk in ids))
+        while True:
+            time.sleep(3600)
+
+    inbox_batch_stored.connect(freeze, weak=False, dispatch_uid="freeze-after-store")
+
+
+def freeze_in_handler_once(marker: str) -> None:
+    """Called by a handler: the first time, write *marker* and hang inside the handler's
+    transaction (the test SIGKILLs the process); later calls return at once."""
+    path = Path(marker)
+    if path.exists():
+        return
+    path.write_text("in handler")
+    while True:
+        time.sleep(3600)

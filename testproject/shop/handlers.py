@@ -1,6 +1,9 @@
 """Inbox handlers of the test project, found by autodiscovery."""
 
+import os
+
 from django_outbox import RetryableError, handler
+from testproject.shop import faults
 from testproject.shop.models import OrderStatus, Payment
 
 
@@ -10,6 +13,8 @@ def payment_captured(message):
     Payment.objects.create(
         order_ref=message.payload["order"], status="captured", sequence=message.sequence
     )
+    if os.environ.get("TESTPROJECT_FREEZE_IN_HANDLER"):  # crash tests: killed in here
+        faults.freeze_in_handler_once(os.environ["TESTPROJECT_FREEZE_IN_HANDLER"])
     if message.payload.get("fail"):
         raise ValueError(f"cannot capture {message.payload['order']}")
     if message.payload.get("retry"):

@@ -22,6 +22,7 @@ from typing import Any
 import kombu
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
+from django_outbox import signals
 from django_outbox.conf import Source
 from django_outbox.inbox.handling import Inbox
 from django_outbox.inbox.intake import Arrival, store
@@ -55,6 +56,8 @@ class KombuConsumer:
     batch_size: int = 500
     batch_seconds: float = 0.05
     handle: bool = True
+    #: When idle, handle what is due every this many seconds.
+    drain_interval: float = 1.0
     stop_event: threading.Event = field(default_factory=threading.Event)
     result: ConsumeResult = field(default_factory=ConsumeResult)
 
@@ -74,11 +77,10 @@ class KombuConsumer:
             options["url"], transport_options=dict(options.get("transport_options") or {})
         ) as connection:
             queue = kombu.Queue(str(options["queue"]), durable=True)
-            with connection.Consumer(
-                [queue], on_message=self._pending.append, prefetch_count=prefetch
-            ):
+            with connection.Consumer([queue], on_message=self._on_message, prefetch_count=prefetch):
                 idle_since = time.monotonic()
                 batch_started: float | None = None
+                last_drain = 0.0
                 while not self.stop_event.is_set():
                     with contextlib.suppress(TimeoutError):
                         connection.drain_events(timeout=min(0.2, self.batch_seconds))
@@ -90,12 +92,20 @@ class KombuConsumer:
                         if full or now - batch_started >= self.batch_seconds:
                             self.flush()
                             batch_started = None
+                    elif self.handle and now - last_drain >= self.drain_interval:
+                        # Idle: handle what is due from elsewhere (retries that came
+                        # due, messages of a consumer that died mid-handling).
+                        self.result.handled += Inbox(using=self.using).drain().done
+                        last_drain = now
                     if max_messages is not None and self.result.received >= max_messages:
                         break
                     if until_idle is not None and now - idle_since >= until_idle:
                         break
                 self.flush()
         connections[self.using].close()
+
+    def _on_message(self, message: Any) -> None:
+        self._pending.append(message)
 
     def flush(self) -> None:
         """Store the pending messages in one transaction, ack them, then handle them."""
@@ -121,6 +131,9 @@ class KombuConsumer:
             connections[self.using].close()
             time.sleep(1.0)
             return
+        signals.emit(
+            signals.inbox_batch_stored, sender=KombuConsumer, source=self.source.name, ids=stored
+        )
         for message in batch:
             message.ack()
         self.result.batches += 1
