@@ -6,6 +6,7 @@ flush, so only what it confirmed (written to disk) survives; the relay
 records a message as sent only after its confirm (``confirm_publish``).
 """
 
+import signal
 import time
 
 import pytest
@@ -22,6 +23,7 @@ pytestmark = [
     pytest.mark.row_locks,
     pytest.mark.rabbitmq,
     pytest.mark.processes,
+    pytest.mark.broker_crash,
 ]
 
 MESSAGES = 3000
@@ -79,3 +81,46 @@ def test_nothing_recorded_as_sent_is_lost_when_rabbitmq_crashes(
         f"in the queue for {MESSAGES} messages ({len(received) - len(set(received))} duplicates)"
     )
     assert not missing, f"{len(missing)} messages recorded as sent are not in the queue"
+
+
+def test_relays_sigkilled_with_publisher_confirms_in_flight_lose_nothing(
+    configure_outbox, amqp_url, queue_name
+):
+    """Relays publishing to RabbitMQ with confirms are SIGKILLed every half second, so
+    kills land between publishes and their confirms: every message ends sent and is in
+    the queue at least once, in key order for each key's first copies."""
+    configure_outbox(
+        DESTINATIONS={"default": {"TRANSPORT": "kombu", "URL": amqp_url, "QUEUE": queue_name}},
+        BATCH_SIZE=100,
+    )
+    for n in range(MESSAGES):
+        django_outbox.send("order.created", {"n": n}, key=f"order:{n % 20}")
+    kills = 0
+    relay = spawn_manage("outbox_relay", "--json", "--no-listen", "--interval", "0.1")
+    try:
+        while kills < 6 and sent_count() < MESSAGES:
+            time.sleep(0.5)
+            stop(relay, signal.SIGKILL)
+            kills += 1
+            relay = spawn_manage("outbox_relay", "--json", "--no-listen", "--interval", "0.1")
+        wait_for(lambda: sent_count() == MESSAGES, timeout=120, what="every message to be sent")
+    finally:
+        stop(relay)
+    received = drain_queue(amqp_url, queue_name, timeout=2.0)
+    ids = [m.headers["outbox-message-id"] for m in received]
+    sent = {str(i) for i in OutboxMessage.objects.values_list("message_id", flat=True)}
+    assert kills >= 1
+    assert not sent - set(ids), "messages recorded as sent are missing from the queue"
+    # Per key, the first copy of each message arrives in sequence order.
+    first_seen: dict[str, list[int]] = {}
+    seen: set[str] = set()
+    for message in received:
+        message_id = message.headers["outbox-message-id"]
+        if message_id in seen:
+            continue
+        seen.add(message_id)
+        first_seen.setdefault(message.headers["outbox-key"], []).append(
+            int(message.headers["outbox-sequence"])
+        )
+    assert all(seqs == sorted(seqs) for seqs in first_seen.values())
+    print(f"{kills} kills; {len(ids)} deliveries of {MESSAGES} messages")
