@@ -14,13 +14,14 @@ MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin chaos
+.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
 	@echo "make test   set up and run the whole test suite (needs PostgreSQL, MariaDB, Redis, RabbitMQ)"
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
 	@echo "make bench-admin  the admin's pages over 5 million rows on PostgreSQL (see docs/benchmarks.md)"
+	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
 
 $(VENV)/.installed: pyproject.toml
@@ -104,6 +105,9 @@ bench-ci: $(VENV)/.installed
 
 # The admin's list and message pages over 5 million rows on PostgreSQL, in a database
 # of their own (created, then dropped). Several minutes, most of them filling the table.
+bench-inbox: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.inbox --messages 20000 --processes 2 --repeat 3
+
 bench-admin: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 5000000 --repeat 5
 

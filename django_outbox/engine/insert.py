@@ -58,6 +58,27 @@ class FastInsert:
         ]
         return self.model.from_db(connection.alias, [name for name, _ in self.columns], values)
 
+    def run_many(
+        self, connection: Any, rows: Sequence[Mapping[str, Any]], raws: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[Any, ...]]:
+        """Insert *rows* in one statement; return what ``RETURNING`` gave, one tuple per
+        inserted row (rows skipped by a conflict give none; order is not promised)."""
+        if not rows:
+            return []
+        start = self.sql.index(" VALUES ") + len(" VALUES ")
+        ends = [i for i in (self.sql.find(" ON CONFLICT"), self.sql.find(" RETURNING")) if i > 0]
+        end = min(ends)
+        values = self.sql[start:end]
+        sql = self.sql[:start] + ", ".join([values] * len(rows)) + self.sql[end:]
+        params = [
+            raw[name] if name in raw else prepare(row[name], connection)
+            for row, raw in zip(rows, raws, strict=True)
+            for name, prepare in self.params
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+
 
 _CACHE: dict[tuple[Any, ...], FastInsert] = {}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import IntegrityError, connections, router, transaction
@@ -44,6 +44,49 @@ def receive(
     Raises ``InvalidMessage`` (``PayloadError`` for the payload and headers)
     for arguments that cannot be stored; nothing is stored then.
     """
+    row, text = prepare(
+        type,
+        payload,
+        source=source,
+        message_id=message_id,
+        key=key,
+        sequence=sequence,
+        headers=headers,
+        correlation_id=correlation_id,
+    )
+    row["payload"] = json.loads(text)
+    using = using or router.db_for_write(InboxMessage)
+    connection = connections[using]
+    if connection.vendor in ("postgresql", "sqlite") and (
+        connection.features.can_return_columns_from_insert
+    ):
+        # One statement: INSERT … ON CONFLICT DO NOTHING RETURNING. A duplicate
+        # inserts nothing, takes no savepoint and leaves the transaction alone.
+        message = _statement(connection).run(connection, row, raw={"payload": text})
+        if message is None:
+            return _stored(using, source, row["message_id"]), False
+    else:
+        message = _insert_with_savepoint(using, row)
+        if message is None:
+            return _stored(using, source, row["message_id"]), False
+    if trigger:
+        triggers.schedule("inbox", using, message.pk)
+    return message, True
+
+
+def prepare(
+    type: str,
+    payload: Any,
+    *,
+    source: str,
+    message_id: str | uuid.UUID,
+    key: str | None = None,
+    sequence: int | None = None,
+    headers: Mapping[str, str] | None = None,
+    correlation_id: str | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Check ``receive()``'s arguments; return the row's fields and the payload's JSON
+    text, or raise ``InvalidMessage``."""
     check_text("type", type, MAX_TYPE_LENGTH, required=True)
     check_text("source", source, MAX_SOURCE_LENGTH, required=True)
     if isinstance(message_id, uuid.UUID):
@@ -59,40 +102,57 @@ def receive(
         raise InvalidMessage("a sequence needs a key: it orders the messages of one key")
     header_map = check_headers(headers)
     text, _ = encode_json(payload, what=f"payload of {type!r}")
-    using = using or router.db_for_write(InboxMessage)
     row = {
         "source": source,
         "message_id": message_id,
         "type": type,
-        "payload": json.loads(text),
+        "payload": None,
         "headers": header_map,
         "key": key,
         "sequence": sequence,
         "correlation_id": correlation_id,
     }
+    return row, text
+
+
+def receive_many(
+    prepared: Sequence[tuple[dict[str, Any], str]], *, using: str | None = None
+) -> tuple[list[int], int]:
+    """Store many prepared messages at once (``inbox_consume``); return the ids of the
+    new rows and how many were duplicates. No trigger: the caller handles them.
+
+    PostgreSQL and SQLite: one ``INSERT … ON CONFLICT DO NOTHING`` per 500 rows.
+    MySQL/MariaDB: row by row, each in a savepoint.
+    """
+    using = using or router.db_for_write(InboxMessage)
     connection = connections[using]
+    ids: list[int] = []
     if connection.vendor in ("postgresql", "sqlite") and (
         connection.features.can_return_columns_from_insert
     ):
-        # One statement: INSERT … ON CONFLICT DO NOTHING RETURNING. A duplicate
-        # inserts nothing, takes no savepoint and leaves the transaction alone.
-        statement = fast_insert(
-            connection,
-            InboxMessage,
-            varying=_VARYING,
-            clock_fields=("created_at", "available_at"),
-            conflict_fields=("source", "message_id"),
-        )
-        message = statement.run(connection, row, raw={"payload": text})
-        if message is None:
-            return _stored(using, source, message_id), False
-    else:
-        message = _insert_with_savepoint(using, row)
-        if message is None:
-            return _stored(using, source, message_id), False
-    if trigger:
-        triggers.schedule("inbox", using, message.pk)
-    return message, True
+        statement = _statement(connection)
+        for start in range(0, len(prepared), 500):
+            chunk = prepared[start : start + 500]
+            returned = statement.run_many(
+                connection, [row for row, _ in chunk], [{"payload": text} for _, text in chunk]
+            )
+            ids.extend(pk for pk, *_ in returned)
+        return ids, len(prepared) - len(ids)
+    for row, text in prepared:
+        message = _insert_with_savepoint(using, {**row, "payload": json.loads(text)})
+        if message is not None:
+            ids.append(message.pk)
+    return ids, len(prepared) - len(ids)
+
+
+def _statement(connection: Any) -> Any:
+    return fast_insert(
+        connection,
+        InboxMessage,
+        varying=_VARYING,
+        clock_fields=("created_at", "available_at"),
+        conflict_fields=("source", "message_id"),
+    )
 
 
 #: The fields a receive() sets; every other column is written with its default.

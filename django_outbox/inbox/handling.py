@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
@@ -30,6 +31,10 @@ from django_outbox.wire import HEADER_REPLY_TO
 HANDLE_TASK = "django_outbox.tasks.handle_inbox"
 #: ``last_error`` of a message whose gap was reported (reported once).
 GAP_ALERT = "gap alert: "
+
+
+class _HandlerRaised(Exception):
+    """A handler raised during the batch's optimistic pass (no savepoints)."""
 
 
 class HandlerFailed(DeliveryError):
@@ -69,21 +74,43 @@ class Handling(Part):
         self.woken = 0
 
     def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
+        """Handle *rows*: first all together (one savepoint for the batch); if a handler
+        raises, the batch's effects are rolled back and every message is handled again
+        in a savepoint of its own, so only the failing ones lose their effects.
+
+        Savepoints cost two round trips per message; a batch where no handler fails
+        (the usual case) pays for one. A handler may therefore run twice in a batch
+        that had a failure; only its committed run counts (see docs/inbox.md).
+        """
         # Messages of one key go in sequence order, so a shuffled delivery that
         # lands in one batch is handled in order without waiting.
         ordered = sorted(
             rows,
             key=lambda r: (r.key is None, r.source, r.key or "", r.sequence or 0, r.pk),
         )
-        outcomes: Outcomes = {}
-        for row in ordered:
-            if time.monotonic() >= deadline:
-                break
-            outcomes[row.pk] = self.handle(row)
+        woken = self.woken
+        try:
+            with transaction.atomic(using=self.using):
+                outcomes = self._handle_all(ordered, deadline, isolated=False)
+        except _HandlerRaised:
+            self.woken = woken
+            outcomes = self._handle_all(ordered, deadline, isolated=True)
         yield outcomes
 
-    def handle(self, message: InboxMessage) -> Outcome:
-        """Run *message*'s handler in a savepoint; return its outcome."""
+    def _handle_all(self, rows: Sequence[Any], deadline: float, *, isolated: bool) -> Outcomes:
+        outcomes: Outcomes = {}
+        for row in rows:
+            if time.monotonic() >= deadline:
+                break
+            outcomes[row.pk] = self.handle(row, isolated=isolated)
+        return outcomes
+
+    def handle(self, message: InboxMessage, *, isolated: bool = True) -> Outcome:
+        """Run *message*'s handler (in a savepoint if *isolated*); return its outcome.
+
+        Not isolated, a handler's exception is raised as ``_HandlerRaised`` for the
+        caller to roll back the batch and start again isolated.
+        """
         handler = get_handler(message.type)
         if handler is None:
             return PermanentError(
@@ -92,7 +119,7 @@ class Handling(Part):
             )
         keyed = handler.ordering is not None and message.key is not None
         try:
-            with transaction.atomic(using=self.using):
+            with transaction.atomic(using=self.using) if isolated else nullcontext():
                 if keyed and message.sequence is not None:
                     cursor = self._cursor(message)
                     verdict = self._order(message, handler, cursor)
@@ -109,6 +136,8 @@ class Handling(Part):
                 # A deadlock (MySQL rolls back the whole transaction, savepoints
                 # included): the batch is run again whole by the runner.
                 raise
+            if not isolated:
+                raise _HandlerRaised from exc
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             tb = traceback.format_exc()
             if isinstance(exc, (RetryableError, *handler.retry_on)):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from django.db import router
 from django_outbox.conf import Source
 from django_outbox.engine import clock
 from django_outbox.exceptions import InvalidMessage
-from django_outbox.inbox.api import receive
+from django_outbox.inbox.api import prepare, receive, receive_many
 from django_outbox.inbox.models import InboxMessage, InboxState
 from django_outbox.wire import (
     HEADER_CORRELATION_ID,
@@ -178,3 +178,44 @@ def store_unreadable(
         )
         message.refresh_from_db()
     return message, created
+
+
+@dataclass
+class Stored:
+    """What ``store_many`` did with a batch."""
+
+    #: Primary keys of the new messages (to handle).
+    ids: list[int] = field(default_factory=list)
+    duplicates: int = 0
+    unreadable: int = 0
+
+
+def store_many(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stored:
+    """Store a batch of arrivals (``inbox_consume``): readable ones in one multi-row
+    INSERT where the database allows, unreadable ones kept one by one. No triggers."""
+    stored = Stored()
+    prepared = []
+    for arrival in arrivals:
+        try:
+            parsed = parse(arrival)
+            prepared.append(
+                prepare(
+                    parsed.type,
+                    parsed.payload,
+                    source=arrival.source.name,
+                    message_id=parsed.message_id,
+                    key=parsed.key,
+                    sequence=parsed.sequence,
+                    headers=parsed.headers,
+                    correlation_id=parsed.correlation_id,
+                )
+            )
+        except (Unreadable, InvalidMessage) as exc:
+            _, created = store_unreadable(arrival, str(exc), using=using)
+            if created:
+                stored.unreadable += 1
+            else:
+                stored.duplicates += 1
+    stored.ids, duplicates = receive_many(prepared, using=using)
+    stored.duplicates += duplicates
+    return stored

@@ -46,3 +46,8 @@ def quote_requested(message):
 def quote_received(message):
     """The requesting side: the reply arrives in its inbox like any message."""
     Payment.objects.create(order_ref=message.payload["order"], status="quoted")
+
+
+@handler("bench.noop")
+def bench_noop(message):
+    """The benchmark's handler: nothing to do, so what is measured is the inbox itself."""

@@ -32,3 +32,15 @@ def capture_payment(order_ref, fail=False):
     if fail:
         raise ValueError("card declined")
     return order_ref
+
+
+_bench_counter: list = []
+
+
+@shared_task(name="shop.bench_noop", acks_late=True, ignore_result=True)
+def bench_noop():
+    """The benchmark's hand-rolled consumer: a no-op task, counted in Redis (one INCR on
+    a connection kept per worker process)."""
+    if not _bench_counter:
+        _bench_counter.append(redis.Redis.from_url(os.environ["TESTPROJECT_BENCH_REDIS"]))
+    _bench_counter[0].incr("bench-noop")

@@ -61,8 +61,12 @@ def test_one_message_delivered_ten_times_through_four_consumers_is_handled_once(
         message_id = str(uuid.uuid4())
         publish(url, queue, [(message_id, {"order": "once"})] * 10)
         wait_for(handled, timeout=60, what="the message to be handled")
+        # Each exits 3 s after its last message (a SIGTERM could reach one still starting).
+        outputs = [c.communicate(timeout=60)[0] for c in consumers]
     finally:
-        outputs = [stop(c) for c in consumers]
+        for c in consumers:
+            if c.poll() is None:
+                stop(c)
     assert InboxMessage.objects.count() == 1
     assert Payment.objects.filter(order_ref="once").count() == 1, outputs
     received = sum(json.loads(out.strip().splitlines()[-1])["received"] for out in outputs)

@@ -24,9 +24,9 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from django_outbox import signals
 from django_outbox.conf import Source
+from django_outbox.engine import triggers
 from django_outbox.inbox.handling import Inbox
-from django_outbox.inbox.intake import Arrival, store
-from django_outbox.inbox.models import InboxState
+from django_outbox.inbox.intake import Arrival, store_many
 
 logger = logging.getLogger("django_outbox.inbox")
 
@@ -63,6 +63,7 @@ class KombuConsumer:
 
     def __post_init__(self) -> None:
         self._pending: list[Any] = []
+        self._multiple_ack = False
 
     def stop(self, *args: Any) -> None:
         """Finish the batch in hand, then return from ``run()`` (a signal handler)."""
@@ -77,6 +78,7 @@ class KombuConsumer:
             options["url"], transport_options=dict(options.get("transport_options") or {})
         ) as connection:
             queue = kombu.Queue(str(options["queue"]), durable=True)
+            self._multiple_ack = connection.transport.driver_type == "amqp"
             with connection.Consumer([queue], on_message=self._on_message, prefetch_count=prefetch):
                 idle_since = time.monotonic()
                 batch_started: float | None = None
@@ -134,33 +136,32 @@ class KombuConsumer:
         signals.emit(
             signals.inbox_batch_stored, sender=KombuConsumer, source=self.source.name, ids=stored
         )
-        for message in batch:
-            message.ack()
+        self._ack(batch)
         self.result.batches += 1
         if self.handle and stored:
             handled = Inbox(using=self.using).deliver(stored)
             self.result.handled += handled.done
 
     def _store(self, batch: list[Any]) -> list[int]:
-        """Store *batch*; return the ids of the new messages to handle."""
-        ids: list[int] = []
-        stored = duplicates = unreadable = 0
+        """Store *batch* in one transaction; return the ids of the new messages."""
         with transaction.atomic(using=self.using):
-            for message in batch:
-                row, created = store(
-                    self._arrival(message), using=self.using, trigger=not self.handle
-                )
-                if not created:
-                    duplicates += 1
-                elif row.state == InboxState.HANDLE_ERROR:
-                    unreadable += 1
-                else:
-                    stored += 1
-                    ids.append(row.pk)
-        self.result.stored += stored
-        self.result.duplicates += duplicates
-        self.result.unreadable += unreadable
-        return ids
+            stored = store_many([self._arrival(m) for m in batch], using=self.using)
+        if not self.handle and stored.ids:
+            # Nobody here handles them: wake the handlers as DISPATCH says.
+            triggers.dispatch("inbox", self.using, stored.ids)
+        self.result.stored += len(stored.ids)
+        self.result.duplicates += stored.duplicates
+        self.result.unreadable += stored.unreadable
+        return stored.ids
+
+    def _ack(self, batch: list[Any]) -> None:
+        """Acknowledge *batch*: on AMQP with one frame (``multiple``: every delivery up to
+        the last of the batch, all of them in it), elsewhere message by message."""
+        if self._multiple_ack:
+            batch[-1].ack(multiple=True)
+            return
+        for message in batch:
+            message.ack()
 
     def _arrival(self, message: Any) -> Arrival:
         body = message.body

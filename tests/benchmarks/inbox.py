@@ -1,0 +1,234 @@
+"""Inbox throughput: RabbitMQ → PostgreSQL, side by side with its limits.
+
+    python -m tests.benchmarks.inbox --messages 20000 --processes 2 --repeat 3
+
+Three consumers drain the same number of pre-published messages from a
+RabbitMQ queue, each with ``--processes`` processes, one after the other:
+
+- ``kombu ack`` (the limit): a plain kombu consumer that acknowledges each
+  message and does nothing else (no database);
+- ``celery acks_late``: a Celery worker (prefork, ``--processes`` children)
+  running a no-op task with ``acks_late`` per message, the usual hand-rolled
+  consumer (no deduplication);
+- ``inbox_consume``: django-outbox's consumer storing every message in the
+  inbox (PostgreSQL), acknowledging after the commit and handling it with a
+  no-op handler in lock mode (savepoint per message).
+
+The figure is messages per second from the first process start until the
+last message is done (acknowledged, or handled for the inbox), process start
+included. Prints a Markdown table of medians and ratios; the target (inbox ≥
+5,000/s with 2 processes) is reported as met or missed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import date
+from pathlib import Path
+
+BENCH_DB = os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_outbox_inbox_bench"
+)
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
+QUEUE = "inbox-bench"
+ROOT = Path(__file__).resolve().parents[2]
+
+os.environ["DATABASE_URL"] = BENCH_DB
+os.environ["OUTBOX_DISPATCH"] = "none"
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+SETTINGS = {
+    "DISPATCH": "none",
+    "INBOX": {"SOURCES": {"bench": {"TRANSPORT": "kombu", "URL": AMQP_URL, "QUEUE": QUEUE}}},
+}
+
+PLAIN_CONSUMER = """
+import sys, kombu
+url, queue, idle = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with kombu.Connection(url) as conn:
+    def on_message(message):
+        message.ack()
+    with conn.Consumer([kombu.Queue(queue, durable=True)], on_message=on_message,
+                       prefetch_count=1000):
+        while True:
+            try:
+                conn.drain_events(timeout=idle)
+            except TimeoutError:
+                break
+"""
+
+
+def ensure_database() -> None:
+    import psycopg
+
+    name = BENCH_DB.rsplit("/", 1)[1]
+    admin = BENCH_DB.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def setup_django() -> None:
+    ensure_database()
+    os.environ["OUTBOX_SETTINGS_JSON"] = json.dumps(SETTINGS)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def publish(count: int, body_for: str = "inbox") -> None:
+    """Put *count* messages on the queue as our outbox would (or Celery task messages)."""
+    import kombu
+
+    with kombu.Connection(AMQP_URL) as conn:
+        channel = conn.channel()
+        queue = kombu.Queue(QUEUE, durable=True)
+        queue(channel).declare()
+        queue(channel).purge()
+        producer = kombu.Producer(channel)
+        if body_for == "celery":
+            from testproject.celery import app
+
+            with app.connection_for_write(AMQP_URL) as celery_conn:
+                celery_producer = app.amqp.Producer(celery_conn)
+                for _ in range(count):
+                    app.send_task(
+                        "shop.bench_noop", producer=celery_producer, queue=QUEUE, retry=False
+                    )
+            return
+        for n in range(count):
+            producer.publish(
+                b'{"n": %d}' % n,
+                routing_key=QUEUE,
+                content_type="application/json",
+                content_encoding="utf-8",
+                headers={
+                    "outbox-message-id": str(uuid.uuid4()),
+                    "outbox-type": "bench.noop",
+                },
+            )
+
+
+def queue_depth() -> int:
+    import kombu
+
+    with kombu.Connection(AMQP_URL) as conn:
+        _, ready, _ = conn.default_channel.queue_declare(QUEUE, passive=True)
+        return int(ready)
+
+
+def run_processes(commands: list[list[str]], env: dict[str, str], done) -> float:
+    started = time.perf_counter()
+    processes = [
+        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for c in commands
+    ]
+    try:
+        while not done():
+            if all(p.poll() is not None for p in processes):
+                errors = b"".join(p.stderr.read() for p in processes if p.stderr)
+                raise RuntimeError(f"consumers exited early: {errors.decode()[-2000:]}")
+            time.sleep(0.02)
+        return time.perf_counter() - started
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+
+
+def bench_plain(count: int, processes: int) -> float:
+    """Until every plain consumer exits after ``IDLE`` seconds without a message (the
+    idle wait is subtracted)."""
+    publish(count)
+    command = [sys.executable, "-c", PLAIN_CONSUMER, AMQP_URL, QUEUE, str(IDLE)]
+    started = time.perf_counter()
+    children = [subprocess.Popen(command, cwd=ROOT) for _ in range(processes)]
+    for child in children:
+        child.wait(timeout=600)
+    elapsed = time.perf_counter() - started - IDLE
+    if queue_depth():
+        raise RuntimeError("the plain consumers left messages behind")
+    return count / elapsed
+
+
+#: Seconds a plain consumer waits for another message before it exits.
+IDLE = 0.5
+
+
+def bench_celery(count: int, processes: int) -> float:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.delete("bench-noop")
+    publish(count, body_for="celery")
+    env = dict(os.environ, CELERY_BROKER_URL=AMQP_URL, TESTPROJECT_BENCH_REDIS=REDIS_URL)
+    command = [
+        *(sys.executable, "-m", "celery", "-A", "testproject", "worker"),
+        *("-Q", QUEUE, "--concurrency", str(processes), "--prefetch-multiplier", "100"),
+        *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "ERROR"),
+    ]
+    elapsed = run_processes([command], env, lambda: int(client.get("bench-noop") or 0) >= count)
+    return count / elapsed
+
+
+def bench_inbox(count: int, processes: int) -> float:
+    from django.db import connection
+
+    from django_outbox.models import InboxCursor, InboxMessage, InboxState
+
+    with connection.cursor() as cursor:  # each run starts from an empty, unbloated table
+        cursor.execute(f"TRUNCATE {InboxMessage._meta.db_table}, {InboxCursor._meta.db_table}")
+    publish(count)
+    env = dict(os.environ, OUTBOX_SETTINGS_JSON=json.dumps(SETTINGS))
+    command = [sys.executable, "manage.py", "inbox_consume", "bench", "--batch", "500"]
+
+    def done() -> bool:
+        return InboxMessage.objects.filter(state=InboxState.HANDLED).count() >= count
+
+    return count / run_processes([command] * processes, env, done)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--informational", action="store_true", help="A reduced CI run.")
+    args = parser.parse_args()
+    setup_django()
+    results: dict[str, list[float]] = {"kombu ack": [], "celery acks_late": [], "inbox_consume": []}
+    for _ in range(args.repeat):
+        results["kombu ack"].append(bench_plain(args.messages, args.processes))
+        results["celery acks_late"].append(bench_celery(args.messages, args.processes))
+        results["inbox_consume"].append(bench_inbox(args.messages, args.processes))
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    limit = medians["kombu ack"]
+    print(
+        f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()} · "
+        f"{args.messages} messages, {args.processes} processes, median of {args.repeat}\n"
+    )
+    print("| consumer | messages/s | of kombu ack |")
+    print("|---|---:|---:|")
+    for name, value in medians.items():
+        print(f"| {name} | {value:,.0f} | {value / limit:.2f} |")
+    inbox = medians["inbox_consume"]
+    verdict = "met" if inbox >= 5000 else "MISSED"
+    note = " (reduced run, informational)" if args.informational else ""
+    print(f"\ntarget inbox_consume ≥ 5,000 messages/s with 2 processes: {verdict}{note}")
+
+
+if __name__ == "__main__":
+    main()
