@@ -121,7 +121,13 @@ if OUTBOX_BROKER_URL.startswith("filesystem"):
     _default_destination["TRANSPORT_OPTIONS"] = FILESYSTEM_TRANSPORT_OPTIONS
 
 DJANGO_OUTBOX: dict[str, Any] = {
-    "OUTBOX": {"DESTINATIONS": {"default": _default_destination}},
+    "OUTBOX": {
+        "DESTINATIONS": {
+            "default": _default_destination,
+            # The demo's other side: this project's own inbox, as the billing service.
+            "billing": {"TRANSPORT": "local", "SOURCE": "shop"},
+        }
+    },
     "BATCH_SIZE": int(os.environ.get("OUTBOX_BATCH_SIZE", "500")),
     "LEASE_SECONDS": float(os.environ.get("OUTBOX_LEASE_SECONDS", "60")),
     "RETRY_BASE_SECONDS": float(os.environ.get("OUTBOX_RETRY_BASE_SECONDS", "2")),

@@ -51,3 +51,14 @@ def quote_received(message):
 @handler("bench.noop")
 def bench_noop(message):
     """The benchmark's handler: nothing to do, so what is measured is the inbox itself."""
+
+
+@handler("invoice.requested")
+def invoice_requested(message):
+    """The demo's other side: one invoice (a Payment row) per order, exactly once."""
+    Payment.objects.create(order_ref=str(message.payload["order_id"]), status="invoiced")
+    delay = float(os.environ.get("TESTPROJECT_HANDLER_DELAY", "0"))
+    if delay:  # the demo slows handling so that its kill lands mid-stream
+        import time
+
+        time.sleep(delay)

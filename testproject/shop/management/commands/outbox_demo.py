@@ -1,4 +1,5 @@
-"""The demo: orders and their messages survive a worker killed with SIGKILL."""
+"""The demo: orders and their messages survive a worker killed with SIGKILL, and on the
+other side each order is invoiced exactly once despite duplicates and another kill."""
 
 from __future__ import annotations
 
@@ -16,18 +17,23 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
+from django.utils import timezone
 from kombu import Connection
 
 import django_outbox
-from django_outbox.models import OutboxMessage, OutboxState
-from testproject.shop.models import Order
+from django_outbox.models import InboxMessage, InboxState, OutboxMessage, OutboxState
+from testproject.shop.models import Order, Payment
 from testproject.shop.services import place_order
 
 ROOT = Path(settings.BASE_DIR)
 
 
 class Command(BaseCommand):
-    help = "Place orders, kill the Celery worker mid-way, watch the sweep recover: lost = 0."
+    help = (
+        "Place orders, kill the Celery worker mid-way, watch the sweep recover: lost = 0; "
+        "then deliver every order twice to the inbox, kill the worker mid-handling: each "
+        "order invoiced once."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--orders", type=int, default=300)
@@ -72,11 +78,89 @@ class Command(BaseCommand):
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=30)
         self.report(orders, declined)
+        self.other_side(orders, options["timeout"])
+
+    # -- the other side: this project's inbox as a second service ------------
+
+    def other_side(self, orders: int, timeout: float) -> None:
+        """Billing, the receiving service: every order's invoice.requested is delivered
+        twice on purpose, the handling worker is killed mid-stream, and each order is
+        still invoiced exactly once."""
+        self.stdout.write("")
+        self.say(
+            "the other side: billing's inbox receives invoice.requested for every order "
+            "(through the local transport), each delivered twice on purpose"
+        )
+        for order in Order.objects.order_by("pk"):
+            with transaction.atomic():
+                django_outbox.send(
+                    "invoice.requested", {"order_id": order.pk}, to="billing", key="billing"
+                )
+        worker = self.start_worker("worker-3", beat=False, handler_delay=0.01)
+        mine = OutboxMessage.objects.filter(type="invoice.requested")
+        self.wait(lambda: not mine.exclude(state=OutboxState.SENT).exists(), timeout)
+        # Deliver every invoice.requested a second time: a sender that retried.
+        mine.update(state=OutboxState.SHOULD_BE_SENT, available_at=timezone.now())
+        self.say("every invoice.requested published again (duplicates on purpose)")
+        self.wait(lambda: self.invoiced() >= orders // 3, timeout)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        self.say(
+            f"SIGKILL worker-3 mid-handling → invoices {self.invoiced()}, inbox "
+            f"{self.inbox_states()}"
+        )
+        worker = self.start_worker("worker-4", beat=True)
+        try:
+            self.wait(
+                lambda: (
+                    self.invoiced() == orders
+                    and not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists()
+                    and not InboxMessage.objects.exclude(state=InboxState.HANDLED).exists()
+                ),
+                timeout,
+            )
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        deliveries = sum(
+            OutboxMessage.objects.filter(type="invoice.requested").values_list(
+                "attempts", flat=True
+            )
+        )
+        stored = InboxMessage.objects.filter(source="shop").count()
+        invoices = self.invoiced()
+        per_order = Counter(Payment.objects.filter(status="invoiced").values_list("order_ref"))
+        rows = [
+            ("invoice.requested deliveries (at least 2 each)", deliveries),
+            ("stored in billing's inbox (unique)", stored),
+            ("duplicates suppressed", deliveries - stored),
+            ("handled", InboxMessage.objects.filter(state=InboxState.HANDLED).count()),
+            ("invoices (effects)", invoices),
+            ("orders invoiced twice", sum(1 for n in per_order.values() if n > 1)),
+        ]
+        self.stdout.write("")
+        for label, value in rows:
+            self.stdout.write(f"  {label:<44} {value:>6}")
+        self.stdout.write("")
+        if invoices == orders == stored and not any(n > 1 for n in per_order.values()):
+            self.stdout.write(self.style.SUCCESS("every order was invoiced exactly once"))
+        else:
+            self.stdout.write(self.style.ERROR("demo failed: an order was not invoiced once"))
+            raise SystemExit(1)
+
+    def invoiced(self) -> int:
+        return Payment.objects.filter(status="invoiced").count()
+
+    def inbox_states(self) -> str:
+        counts = Counter(InboxMessage.objects.values_list("state", flat=True))
+        return ", ".join(f"{state}: {counts.get(state, 0)}" for state in InboxState.values)
 
     # -- steps ---------------------------------------------------------------
 
     def reset(self) -> None:
         OutboxMessage.objects.all().delete()
+        InboxMessage.objects.all().delete()
+        Payment.objects.all().delete()
         Order.objects.all().delete()
         self.read_broker()  # empty the destination queue
         schedule = Path(settings.VAR_DIR) / "celerybeat-schedule"
@@ -89,7 +173,9 @@ class Command(BaseCommand):
     def broker_options(self) -> dict[str, Any]:
         return dict(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {})
 
-    def start_worker(self, name: str, *, beat: bool) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, name: str, *, beat: bool, handler_delay: float = 0.0
+    ) -> subprocess.Popen[bytes]:
         outbox = json.loads(json.dumps(settings.DJANGO_OUTBOX))
         outbox["OUTBOX"]["DESTINATIONS"]["default"] = {
             **self.destination,
@@ -102,6 +188,7 @@ class Command(BaseCommand):
             **os.environ,
             "OUTBOX_SETTINGS_JSON": json.dumps(outbox),
             "TESTPROJECT_SWEEP_SECONDS": "1",
+            "TESTPROJECT_HANDLER_DELAY": str(handler_delay),
         }
         command = [sys.executable, "-m", "celery", "-A", "testproject", "worker"]
         command += ["--pool=solo", "-n", f"{name}@%h", "-l", "ERROR", "--without-mingle"]
