@@ -62,3 +62,13 @@ def invoice_requested(message):
         import time
 
         time.sleep(delay)
+
+
+@handler("bench.latency")
+def bench_latency(message):
+    """The latency benchmark's handler: notes when it ran (microseconds since the epoch)."""
+    import time
+
+    Payment.objects.create(
+        order_ref=message.message_id, status="latency", sequence=int(time.time() * 1_000_000)
+    )

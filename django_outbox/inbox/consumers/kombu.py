@@ -12,7 +12,6 @@ by default, the consumer handles the batch itself, in lock mode.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -84,14 +83,25 @@ class KombuConsumer:
                 batch_started: float | None = None
                 last_drain = 0.0
                 while not self.stop_event.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        connection.drain_events(timeout=min(0.2, self.batch_seconds))
+                    # With messages in hand, wait only a moment for more: a batch is
+                    # flushed as soon as the socket is drained (low latency when
+                    # quiet), or when full or old (large batches under load).
+                    got = True
+                    try:
+                        connection.drain_events(
+                            timeout=self.batch_seconds if self._pending else 0.2
+                        )
+                    except TimeoutError:
+                        got = False
                     now = time.monotonic()
                     if self._pending:
                         idle_since = now
                         batch_started = batch_started or now
-                        full = len(self._pending) >= self.batch_size
-                        if full or now - batch_started >= self.batch_seconds:
+                        if (
+                            not got
+                            or len(self._pending) >= self.batch_size
+                            or now - batch_started >= self.batch_seconds
+                        ):
                             self.flush()
                             batch_started = None
                     elif self.handle and now - last_drain >= self.drain_interval:
@@ -139,8 +149,12 @@ class KombuConsumer:
         self._ack(batch)
         self.result.batches += 1
         if self.handle and stored:
-            handled = Inbox(using=self.using).deliver(stored)
-            self.result.handled += handled.done
+            # Just these: what else is due is handled when the consumer is idle.
+            inbox = Inbox(using=self.using)
+            for start in range(0, len(stored), inbox.batch_size):
+                self.result.handled += inbox.run_batch(
+                    stored[start : start + inbox.batch_size]
+                ).done
 
     def _store(self, batch: list[Any]) -> list[int]:
         """Store *batch* in one transaction; return the ids of the new messages."""
