@@ -14,6 +14,7 @@ elsewhere callers save the model the ordinary way.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,15 @@ class FastInsert:
     #: Every concrete field in model order: its name and where its value comes
     #: from ("pk", "clock", or a constant default; varying ones are in the row).
     columns: tuple[tuple[str, Any], ...]
+    #: The fields of the conflict target (``run_many`` matches rows by them).
+    conflict_fields: tuple[str, ...] = ()
+    #: ``run_many`` elsewhere than PostgreSQL: ``prefix + ", ".join([values] * n) + suffix``.
+    many_prefix: str = ""
+    many_values: str = ""
+    many_suffix: str = ""
+    #: ``run_many`` on PostgreSQL: one array parameter per varying field.
+    bulk_sql: str | None = None
+    bulk_params: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = ()
 
     def run(
         self, connection: Any, row: Mapping[str, Any], raw: Mapping[str, Any] | None = None
@@ -60,24 +70,54 @@ class FastInsert:
 
     def run_many(
         self, connection: Any, rows: Sequence[Mapping[str, Any]], raws: Sequence[Mapping[str, Any]]
-    ) -> list[tuple[Any, ...]]:
-        """Insert *rows* in one statement; return what ``RETURNING`` gave, one tuple per
-        inserted row (rows skipped by a conflict give none; order is not promised)."""
+    ) -> list[Any]:
+        """Insert *rows* in one statement; return the new instances, in the order of
+        *rows* (rows a conflict skipped give none, a key repeated within *rows* is
+        inserted once).
+
+        PostgreSQL gets one array per column and ``INSERT … SELECT … FROM unnest(…)``:
+        the statement's text never changes, so the driver parses it once, however
+        many rows there are. Elsewhere, a multi-row ``VALUES`` list.
+        """
         if not rows:
             return []
-        start = self.sql.index(" VALUES ") + len(" VALUES ")
-        ends = [i for i in (self.sql.find(" ON CONFLICT"), self.sql.find(" RETURNING")) if i > 0]
-        end = min(ends)
-        values = self.sql[start:end]
-        sql = self.sql[:start] + ", ".join([values] * len(rows)) + self.sql[end:]
-        params = [
-            raw[name] if name in raw else prepare(row[name], connection)
-            for row, raw in zip(rows, raws, strict=True)
-            for name, prepare in self.params
-        ]
+        assert self.conflict_fields, "run_many matches what it inserted by the conflict key"
+        if self.bulk_sql is not None:
+            sql = self.bulk_sql
+            params: list[Any] = [
+                [
+                    raw[name] if name in raw else prepare(row[name], connection)
+                    for row, raw in zip(rows, raws, strict=True)
+                ]
+                for name, prepare in self.bulk_params
+            ]
+        else:
+            sql = self.many_prefix + ", ".join([self.many_values] * len(rows)) + self.many_suffix
+            params = [
+                raw[name] if name in raw else prepare(row[name], connection)
+                for row, raw in zip(rows, raws, strict=True)
+                for name, prepare in self.params
+            ]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return list(cursor.fetchall())
+            returned = cursor.fetchall()
+        convert = getattr(connection.ops, "convert_datetimefield_value", None)
+        inserted = {tuple(r[2:]): r[:2] for r in returned}
+        names = [name for name, _ in self.columns]
+        instances = []
+        for row in rows:
+            got = inserted.pop(tuple(row[name] for name in self.conflict_fields), None)
+            if got is None:
+                continue
+            pk, stamped = got
+            if convert is not None:  # SQLite returns text
+                stamped = convert(stamped, None, connection)
+            values = [
+                pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
+                for name, source in self.columns
+            ]
+            instances.append(self.model.from_db(connection.alias, names, values))
+        return instances
 
 
 _CACHE: dict[tuple[Any, ...], FastInsert] = {}
@@ -129,15 +169,53 @@ def fast_insert(
             values.append(_literal(default))
             sources.append((field.attname, default))
     stamped = _column(model, clock_fields[0])
-    sql = f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)}) VALUES ({', '.join(values)})"
+    into = f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)})"
+    conflict = ""
     if conflict_fields:
         target = ", ".join(q(_column(model, name)) for name in conflict_fields)
-        sql += f" ON CONFLICT ({target}) DO NOTHING"
-    sql += f" RETURNING {q(meta.pk.column)}, {q(stamped)}"
-    if returning_extra:
-        sql += f", {returning_extra}"
-    cached = _CACHE[key] = FastInsert(model, sql, tuple(params), tuple(sources))
+        conflict = f" ON CONFLICT ({target}) DO NOTHING"
+    returning = f" RETURNING {q(meta.pk.column)}, {q(stamped)}"
+    extra = f", {returning_extra}" if returning_extra else ""
+    by_key = "".join(f", {q(_column(model, name))}" for name in conflict_fields)
+    many_values = f"({', '.join(values)})"
+    bulk_sql = None
+    if connection.vendor == "postgresql":
+        # Parameters become the columns of unnest(); JSON goes as text, cast per row.
+        arrays: list[str] = []
+        selected: list[str] = []
+        for value, field in zip(values, _non_pk(meta), strict=True):
+            if field.attname not in varying:
+                selected.append(value)
+                continue
+            name = f"u{len(arrays)}"
+            if isinstance(field, models.JSONField):
+                arrays.append("%s::text[]")
+                selected.append(f"{name}::jsonb")
+            else:
+                arrays.append(f"%s::{field.cast_db_type(connection)}[]")
+                selected.append(name)
+        names = ", ".join(f"u{n}" for n in range(len(arrays)))
+        bulk_sql = (
+            f"{into} SELECT {', '.join(selected)} FROM unnest({', '.join(arrays)}) "
+            f"AS u({names}){conflict}{returning}{by_key}"
+        )
+    cached = _CACHE[key] = FastInsert(
+        model,
+        f"{into} VALUES {many_values}{conflict}{returning}{extra}",
+        tuple(params),
+        tuple(sources),
+        conflict_fields=tuple(conflict_fields),
+        many_prefix=f"{into} VALUES ",
+        many_values=many_values,
+        many_suffix=f"{conflict}{returning}{by_key}",
+        bulk_sql=bulk_sql,
+        bulk_params=tuple((name, _bulk_preparer(meta.get_field(name))) for name, _ in params),
+    )
     return cached
+
+
+def _non_pk(meta: Any) -> list[Any]:
+    return [field for field in meta.concrete_fields if not field.primary_key]
 
 
 def _column(model: type[models.Model], name: str) -> str:
@@ -157,6 +235,18 @@ def _literal(value: Any) -> str:
     if isinstance(value, str) and value.isprintable():
         return "'" + value.replace("'", "''") + "'"
     raise TypeError(f"no literal for default {value!r}")
+
+
+def _bulk_preparer(field: Any) -> Callable[[Any, Any], Any]:
+    """An element of a PostgreSQL array parameter: JSON as its text, the rest as usual."""
+    if isinstance(field, models.JSONField):
+        encoder = field.encoder
+
+        def encode(value: Any, connection: Any) -> Any:
+            return None if value is None else json.dumps(value, cls=encoder)
+
+        return encode
+    return _preparer(field)
 
 
 def _preparer(field: models.Field[Any, Any]) -> Callable[[Any, Any], Any]:

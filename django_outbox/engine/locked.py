@@ -63,25 +63,52 @@ class LockedRunner(Runner):
         )
 
     def _run_locked(self, ids: Sequence[Any] | None) -> RunResult:
-        part = self.part
         with transaction.atomic(using=self.using):
             rows = list(self._claimable(ids).select_for_update(skip_locked=True)[: self.batch_size])
-            result = self.result_class(claimed=len(rows), batches=1 if rows else 0)
-            if not rows:
-                return result
-            deadline = time.monotonic() + part.config.lease_seconds
-            outcomes: Outcomes = {}
-            for group in part.process(rows, deadline):
-                outcomes.update(group)
-            attempted = [row for row in rows if row.pk in outcomes]
-            result.released = len(rows) - len(attempted)
-            done, failed = self._write(attempted, outcomes, result)
+            result, done, failed = self._process(rows)
         # Hooks run once the outcomes (and the steps' effects) are committed.
-        if done:
-            part.on_done(done)
-        for row, text, retry in failed:
-            part.on_failed(row, text, retry)
+        self._after_commit(done, failed)
         return result
+
+    def run_owned(self, rows: Sequence[Any]) -> RunResult:
+        """Process *rows* that the caller's open transaction owns already (it inserted
+        them, so no other transaction sees them yet): no claim, the outcomes are
+        written in that transaction, the hooks run when it commits.
+
+        ``inbox_consume`` stores a batch and handles it in one commit this way. If
+        the transaction rolls back, the rows and their handling go with it.
+        """
+        connection = transaction.get_connection(self.using)
+        if not connection.in_atomic_block:
+            raise transaction.TransactionManagementError(
+                "run_owned() needs the transaction that created the rows"
+            )
+        result, done, failed = self._process(list(rows))
+        transaction.on_commit(lambda: self._after_commit(done, failed), using=self.using)
+        return result
+
+    def _process(
+        self, rows: list[Any]
+    ) -> tuple[LockedResult, list[Any], list[tuple[Any, str, bool]]]:
+        """Run the part's step on *rows* and write the outcomes (inside a transaction)."""
+        part = self.part
+        result = self.result_class(claimed=len(rows), batches=1 if rows else 0)
+        if not rows:
+            return result, [], []
+        deadline = time.monotonic() + part.config.lease_seconds
+        outcomes: Outcomes = {}
+        for group in part.process(rows, deadline):
+            outcomes.update(group)
+        attempted = [row for row in rows if row.pk in outcomes]
+        result.released = len(rows) - len(attempted)
+        done, failed = self._write(attempted, outcomes, result)
+        return result, done, failed
+
+    def _after_commit(self, done: list[Any], failed: list[tuple[Any, str, bool]]) -> None:
+        if done:
+            self.part.on_done(done)
+        for row, text, retry in failed:
+            self.part.on_failed(row, text, retry)
 
     def _write(
         self, rows: Sequence[Any], outcomes: Outcomes, result: LockedResult

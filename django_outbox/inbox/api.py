@@ -54,7 +54,6 @@ def receive(
         headers=headers,
         correlation_id=correlation_id,
     )
-    row["payload"] = json.loads(text)
     using = using or router.db_for_write(InboxMessage)
     connection = connections[using]
     if connection.vendor in ("postgresql", "sqlite") and (
@@ -106,7 +105,8 @@ def prepare(
         "source": source,
         "message_id": message_id,
         "type": type,
-        "payload": None,
+        # What is stored, not what was passed (Decimal and datetime become strings).
+        "payload": json.loads(text),
         "headers": header_map,
         "key": key,
         "sequence": sequence,
@@ -117,32 +117,35 @@ def prepare(
 
 def receive_many(
     prepared: Sequence[tuple[dict[str, Any], str]], *, using: str | None = None
-) -> tuple[list[int], int]:
-    """Store many prepared messages at once (``inbox_consume``); return the ids of the
-    new rows and how many were duplicates. No trigger: the caller handles them.
+) -> tuple[list[InboxMessage], int]:
+    """Store many prepared messages at once (``inbox_consume``); return the new rows
+    and how many were duplicates. No trigger: the caller handles them.
 
-    PostgreSQL and SQLite: one ``INSERT … ON CONFLICT DO NOTHING`` per 500 rows.
+    PostgreSQL: one ``INSERT … SELECT … FROM unnest(…)`` per 5,000 rows; SQLite:
+    one multi-row ``INSERT`` per 500; both ``ON CONFLICT DO NOTHING``.
     MySQL/MariaDB: row by row, each in a savepoint.
     """
     using = using or router.db_for_write(InboxMessage)
     connection = connections[using]
-    ids: list[int] = []
+    new: list[InboxMessage] = []
     if connection.vendor in ("postgresql", "sqlite") and (
         connection.features.can_return_columns_from_insert
     ):
         statement = _statement(connection)
-        for start in range(0, len(prepared), 500):
-            chunk = prepared[start : start + 500]
-            returned = statement.run_many(
-                connection, [row for row, _ in chunk], [{"payload": text} for _, text in chunk]
+        chunk_size = 5000 if statement.bulk_sql is not None else 500
+        for start in range(0, len(prepared), chunk_size):
+            chunk = prepared[start : start + chunk_size]
+            new.extend(
+                statement.run_many(
+                    connection, [row for row, _ in chunk], [{"payload": t} for _, t in chunk]
+                )
             )
-            ids.extend(pk for pk, *_ in returned)
-        return ids, len(prepared) - len(ids)
-    for row, text in prepared:
-        message = _insert_with_savepoint(using, {**row, "payload": json.loads(text)})
+        return new, len(prepared) - len(new)
+    for row, _ in prepared:
+        message = _insert_with_savepoint(using, row)
         if message is not None:
-            ids.append(message.pk)
-    return ids, len(prepared) - len(ids)
+            new.append(message)
+    return new, len(prepared) - len(new)
 
 
 def _statement(connection: Any) -> Any:

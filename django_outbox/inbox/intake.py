@@ -184,10 +184,14 @@ def store_unreadable(
 class Stored:
     """What ``store_many`` did with a batch."""
 
-    #: Primary keys of the new messages (to handle).
-    ids: list[int] = field(default_factory=list)
+    #: The new messages (to handle).
+    rows: list[InboxMessage] = field(default_factory=list)
     duplicates: int = 0
     unreadable: int = 0
+
+    @property
+    def ids(self) -> list[int]:
+        return [row.pk for row in self.rows]
 
 
 def store_many(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stored:
@@ -216,6 +220,6 @@ def store_many(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stor
                 stored.unreadable += 1
             else:
                 stored.duplicates += 1
-    stored.ids, duplicates = receive_many(prepared, using=using)
+    stored.rows, duplicates = receive_many(prepared, using=using)
     stored.duplicates += duplicates
     return stored

@@ -92,7 +92,9 @@ def test_a_consumer_killed_after_storing_before_acking(source, tmp_path):
     assert Payment.objects.count() == 50  # each effect exactly once
 
 
-def test_a_worker_killed_inside_a_handler(source, tmp_path):
+def test_a_consumer_killed_inside_a_handler(source, tmp_path):
+    """inbox_consume stores and handles a batch in one transaction: killed inside a
+    handler, it leaves nothing behind, and the broker delivers the batch again."""
     url, queue = source
     publish(url, queue, [(f"k-{n}", {"order": f"k{n}"}) for n in range(5)])
     marker = tmp_path / "in-handler"
@@ -101,13 +103,37 @@ def test_a_worker_killed_inside_a_handler(source, tmp_path):
         wait_for(marker.exists, timeout=60, what="a handler to start")
     finally:
         stop(doomed, signal.SIGKILL)
-    # Stored and acknowledged, but the handling transaction died with the process.
+    # The rows, the handler's write and the acknowledgement died with the process.
+    assert not InboxMessage.objects.exists()
+    assert not Payment.objects.exists()
+    survivor = consumer("--until-idle", "3", TESTPROJECT_FREEZE_IN_HANDLER=str(marker))
+    output = stop_when(survivor, lambda: handled() == 5)
+    assert json.loads(output.strip().splitlines()[-1])["received"] == 5  # redelivered
     assert InboxMessage.objects.count() == 5
+    assert Payment.objects.count() == 5
+
+
+def test_a_worker_killed_inside_a_handler_of_stored_messages(source, tmp_path):
+    """Messages stored earlier (``--no-handle``, committed and acknowledged) are claimed
+    under row locks by whoever handles them; killed inside a handler, that worker's
+    transaction is rolled back and the next one handles every message once."""
+    url, queue = source
+    publish(url, queue, [(f"s-{n}", {"order": f"s{n}"}) for n in range(5)])
+    storer = consumer("--no-handle", "--until-idle", "1")
+    stop_when(storer, lambda: InboxMessage.objects.count() == 5)
+    marker = tmp_path / "in-handler"
+    # An idle consumer handles what is due: here, the five stored messages.
+    doomed = consumer(TESTPROJECT_FREEZE_IN_HANDLER=str(marker))
+    try:
+        wait_for(marker.exists, timeout=60, what="a handler to start")
+    finally:
+        stop(doomed, signal.SIGKILL)
     assert handled() == 0
     assert not Payment.objects.exists()  # the killed handler's write was rolled back
     survivor = consumer("--until-idle", "3", TESTPROJECT_FREEZE_IN_HANDLER=str(marker))
     stop_when(survivor, lambda: handled() == 5)
     assert Payment.objects.count() == 5
+    assert InboxMessage.objects.filter(attempts=1).count() == 5  # one committed attempt each
 
 
 def stop_when(process, condition, timeout=60):

@@ -373,3 +373,37 @@ def test_the_admin_shows_the_request_on_the_reply_and_the_reply_on_the_request(
     assert f"quote.requested.reply [handled] (inbox #{reply.pk})" in page.text
     page = client.get(reverse("admin:django_outbox_inboxmessage_change", args=[reply.pk]))
     assert f"quote.requested (outbox #{request.pk})" in page.text
+
+
+def test_receive_many_returns_the_new_rows_as_stored():
+    """The batch insert of inbox_consume (unnest on PostgreSQL, multi-row elsewhere):
+    new rows come back as stored, duplicates (earlier or within the batch) do not."""
+    from django_outbox.inbox.api import prepare, receive_many
+
+    django_outbox.receive("payment.captured", {"n": 0}, source="shop", message_id="m-0")
+    prepared = [
+        prepare(
+            "payment.captured",
+            {"n": n, "amount": "1.50", "nested": [1, {"a": None}]},
+            source="shop",
+            message_id=f"m-{n % 4}",
+            key=f"k{n % 4}" if n % 2 else None,
+            sequence=n if n % 2 else None,
+            headers={"x-n": str(n)},
+            correlation_id=f"c{n}" if n == 3 else None,
+        )
+        for n in range(8)
+    ]
+    new, duplicates = receive_many(prepared)
+    assert [m.message_id for m in new] == ["m-1", "m-2", "m-3"]
+    assert duplicates == 5
+    for message in new:
+        stored = InboxMessage.objects.get(pk=message.pk)
+        for field in ("source", "message_id", "type", "payload", "headers", "key", "sequence"):
+            assert getattr(message, field) == getattr(stored, field), field
+        assert message.correlation_id == stored.correlation_id
+        assert message.created_at == stored.created_at
+        assert message.state == stored.state == InboxState.SHOULD_BE_HANDLED
+    assert new[2].payload == {"n": 3, "amount": "1.50", "nested": [1, {"a": None}]}
+    assert new[2].correlation_id == "c3"
+    assert InboxMessage.objects.count() == 4

@@ -6,8 +6,14 @@ Messages are taken in batches (``--batch`` messages, or what arrived within
 it commits are the messages acknowledged. A database failure acknowledges
 nothing (the messages are returned to the queue and come again); a crash
 after the commit and before the acks redelivers messages that are already
-stored, and the inbox recognises them (same source and message id). Then,
-by default, the consumer handles the batch itself, in lock mode.
+stored, and the inbox recognises them (same source and message id).
+
+By default the consumer also handles the batch in that same transaction
+(lock mode without a claim: rows the transaction inserted are its own until
+it commits), so a batch costs one commit, and a crash anywhere before it
+rolls back the rows with the handlers' effects: the broker redelivers them.
+With ``--no-handle`` it only stores, and triggers the handlers as
+``DISPATCH`` says.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django_outbox import signals
 from django_outbox.conf import Source
 from django_outbox.engine import triggers
-from django_outbox.inbox.handling import Inbox
-from django_outbox.inbox.intake import Arrival, store_many
+from django_outbox.engine.retry import retry_transient
+from django_outbox.inbox.handling import Handling, Inbox
+from django_outbox.inbox.intake import Arrival, Stored, store_many
 
 logger = logging.getLogger("django_outbox.inbox")
 
@@ -120,13 +127,21 @@ class KombuConsumer:
         self._pending.append(message)
 
     def flush(self) -> None:
-        """Store the pending messages in one transaction, ack them, then handle them."""
+        """Store the pending messages and handle them in one transaction, then ack them."""
         batch, self._pending = self._pending, []
         if not batch:
             return
         self.result.received += len(batch)
+        arrivals = [self._arrival(m) for m in batch]
+        inbox = Inbox(using=self.using) if self.handle else None
         try:
-            stored = self._store(batch)
+            # A deadlock or a lost connection rolled everything back: the messages
+            # are still in hand, unacknowledged, so the batch can simply go again.
+            stored, handled = retry_transient(
+                lambda: self._store(arrivals, inbox),
+                what=f"storing a batch from {self.source.name}",
+                reconnect=self.using,
+            )
         except DatabaseError:
             # Nothing was stored: give every message back to the broker.
             logger.exception(
@@ -143,30 +158,37 @@ class KombuConsumer:
             connections[self.using].close()
             time.sleep(1.0)
             return
+        self.result.stored += len(stored.rows)
+        self.result.duplicates += stored.duplicates
+        self.result.unreadable += stored.unreadable
+        self.result.handled += handled
         signals.emit(
-            signals.inbox_batch_stored, sender=KombuConsumer, source=self.source.name, ids=stored
+            signals.inbox_batch_stored,
+            sender=KombuConsumer,
+            source=self.source.name,
+            ids=stored.ids,
         )
         self._ack(batch)
         self.result.batches += 1
-        if self.handle and stored:
-            # Just these: what else is due is handled when the consumer is idle.
-            inbox = Inbox(using=self.using)
-            for start in range(0, len(stored), inbox.batch_size):
-                self.result.handled += inbox.run_batch(
-                    stored[start : start + inbox.batch_size]
-                ).done
+        if inbox is not None and isinstance(inbox.part, Handling) and inbox.part.woken:
+            # Handling made messages of strict keys due (stored earlier, waiting for
+            # a predecessor that came in this batch): handle them now.
+            self.result.handled += inbox.drain().done
 
-    def _store(self, batch: list[Any]) -> list[int]:
-        """Store *batch* in one transaction; return the ids of the new messages."""
+    def _store(self, arrivals: list[Arrival], inbox: Inbox | None) -> tuple[Stored, int]:
+        """Store *arrivals* and, with *inbox*, handle the new ones, in one transaction:
+        the inserted rows are this transaction's until it commits, so they need no
+        claim, and a crash rolls back rows and effects together (the broker, not yet
+        acknowledged, delivers them again). Returns what was stored and handled."""
+        handled = 0
         with transaction.atomic(using=self.using):
-            stored = store_many([self._arrival(m) for m in batch], using=self.using)
-        if not self.handle and stored.ids:
+            stored = store_many(arrivals, using=self.using)
+            if inbox is not None and stored.rows:
+                handled = inbox.run_owned(stored.rows).done
+        if inbox is None and stored.rows:
             # Nobody here handles them: wake the handlers as DISPATCH says.
             triggers.dispatch("inbox", self.using, stored.ids)
-        self.result.stored += len(stored.ids)
-        self.result.duplicates += stored.duplicates
-        self.result.unreadable += stored.unreadable
-        return stored.ids
+        return stored, handled
 
     def _ack(self, batch: list[Any]) -> None:
         """Acknowledge *batch*: on AMQP with one frame (``multiple``: every delivery up to
