@@ -11,7 +11,7 @@ from typing import Any
 
 #: Sweep every 10 seconds (rescue expired leases, deliver and handle what a
 #: lost trigger left behind); purge finished rows hourly. One schedule for the
-#: outbox and the inbox (a sweep of a part with no rows costs one query).
+#: outbox, the inbox and the jobs (a sweep of a part with no rows costs one query).
 OUTBOX_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "django-outbox-sweep": {
         "task": "django_outbox.sweep_outbox",
@@ -31,6 +31,17 @@ OUTBOX_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     },
     "django-outbox-inbox-purge": {
         "task": "django_outbox.purge_inbox",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
+    # Jobs: rescue expired leases, wake queues whose jobs came due, purge.
+    "django-outbox-jobs-sweep": {
+        "task": "django_outbox.sweep_jobs",
+        "schedule": 10.0,
+        "options": {"expires": 10.0},
+    },
+    "django-outbox-jobs-purge": {
+        "task": "django_outbox.purge_jobs",
         "schedule": 3600.0,
         "options": {"expires": 3600.0},
     },

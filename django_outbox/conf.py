@@ -20,6 +20,7 @@ nothing from the parts: transports are named here by dotted path only.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -77,7 +78,7 @@ SHARED_DEFAULTS: Mapping[str, Any] = {
 SECTION_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "OUTBOX": {"DESTINATIONS": {}, "MAX_PAYLOAD_BYTES": 256 * 1024},
     "INBOX": {"GAP_ALERT_SECONDS": 300.0, "SOURCES": {}, "MAX_BODY_BYTES": 256 * 1024},
-    "JOBS": {},
+    "JOBS": {"CELERY_QUEUES": {}},
 }
 
 #: Keys of the flat layout before sections existed, and what to do instead.
@@ -264,6 +265,9 @@ class Settings:
     outbox: OutboxSettings
     inbox: InboxSettings
     jobs: PartSettings
+    #: Job queue name → Celery queue of its triggers (unlisted: the same name;
+    #: ``"default"``: Celery's default queue and ``task_routes``).
+    jobs_celery_queues: Mapping[str, str] = field(default_factory=dict)
 
     def engine(self, part: str) -> EngineSettings:
         """The engine settings of *part* (``"outbox"``, ``"inbox"``, ``"jobs"``)."""
@@ -455,8 +459,31 @@ def load(raw: Any) -> Settings:
         sweep_stale_seconds=shared("SWEEP_STALE_SECONDS"),
         outbox=_outbox(raw, base),
         inbox=_inbox(raw, base),
-        jobs=PartSettings(engine=_engine(_section(raw, "JOBS"), base, f"{SETTING_NAME}['JOBS']")),
+        jobs=_jobs(raw, base),
+        jobs_celery_queues=_celery_queues(raw),
     )
+
+
+#: Jobs run their code, not a publish: unless MAX_ATTEMPTS is set (at the top or
+#: in ``JOBS``), a failing job is tried this many times, not the engine's 20.
+JOBS_MAX_ATTEMPTS = 3
+
+
+def _jobs(raw: Mapping[str, Any], base: EngineSettings) -> PartSettings:
+    section = _section(raw, "JOBS")
+    if "MAX_ATTEMPTS" not in raw:
+        base = dataclasses.replace(base, max_attempts=JOBS_MAX_ATTEMPTS)
+    return PartSettings(engine=_engine(section, base, f"{SETTING_NAME}['JOBS']"))
+
+
+def _celery_queues(raw: Mapping[str, Any]) -> dict[str, str]:
+    value = _section(raw, "JOBS").get("CELERY_QUEUES", {})
+    path = f"{SETTING_NAME}['JOBS']['CELERY_QUEUES']"
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
+    ):
+        raise ConfigurationError(f"{path} must map job queue names to Celery queue names")
+    return dict(value)
 
 
 _cached: Settings | None = None

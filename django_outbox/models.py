@@ -2,12 +2,15 @@
 
 from django_outbox.engine.models import SweepMark, Worker
 from django_outbox.inbox.models import InboxCursor, InboxMessage, InboxState
+from django_outbox.jobs.models import Job, JobState
 from django_outbox.outbox.models import OutboxKey, OutboxMessage, OutboxState
 
 __all__ = [
     "InboxCursor",
     "InboxMessage",
     "InboxState",
+    "Job",
+    "JobState",
     "OutboxKey",
     "OutboxMessage",
     "OutboxState",

@@ -50,3 +50,11 @@ inbox_gap_detected = Signal()
 #: Arguments: ``source`` (str), ``ids`` (the new rows' primary keys). A hook for
 #: metrics and for crash tests.
 inbox_batch_stored = Signal()
+
+#: Jobs recorded SUCCESSFUL (sent after the commit). Arguments: ``jobs`` (the rows).
+#: Django's own ``task_started``/``task_finished`` signals are sent as well.
+jobs_finished = Signal()
+
+#: A failed job attempt, logged once. Arguments: ``job``, ``error`` (str; the row
+#: keeps each attempt's traceback), ``will_retry`` (False: the job is now FAILED).
+job_failed = Signal()

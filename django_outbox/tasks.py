@@ -76,6 +76,38 @@ def purge_inbox(using: str = DEFAULT_DB_ALIAS) -> int:
     return purge(using=using)
 
 
+@shared_task(name="django_outbox.run_jobs", ignore_result=True, bind=True)
+def run_jobs(
+    self: Task,  # type: ignore[type-arg]
+    ids: list[int],
+    using: str = DEFAULT_DB_ALIAS,
+    queue: str = "default",
+) -> dict[str, int]:
+    """On-commit trigger of ``enqueue``: run the jobs *ids* of *queue*, then what else is
+    due in that queue (empty *ids*: just drain it)."""
+    from django_outbox.jobs.running import Jobs
+
+    _in_a_worker(self)
+    return Jobs(using=using, queues=[queue]).deliver(ids).as_dict()
+
+
+@shared_task(name="django_outbox.sweep_jobs", ignore_result=True, bind=True)
+def sweep_jobs(self: Task, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Beat: rescue jobs whose lease expired, and trigger every queue with due jobs."""
+    from django_outbox.jobs.maintenance import sweep
+
+    _in_a_worker(self)
+    return sweep(using=using)
+
+
+@shared_task(name="django_outbox.purge_jobs", ignore_result=True)
+def purge_jobs(using: str = DEFAULT_DB_ALIAS) -> int:
+    """Beat: delete finished jobs older than the jobs' ``RETENTION_DAYS``."""
+    from django_outbox.jobs.maintenance import purge
+
+    return purge(using=using)
+
+
 # The task other services' outboxes call to deliver into this inbox (registered here
 # so that a worker that imports django_outbox.tasks has it).
 from django_outbox.inbox.consumers.celery import receive_task  # noqa: E402
@@ -84,8 +116,11 @@ __all__ = [
     "deliver_messages",
     "handle_inbox",
     "purge_inbox",
+    "purge_jobs",
     "purge_outbox",
     "receive_task",
+    "run_jobs",
     "sweep_inbox",
+    "sweep_jobs",
     "sweep_outbox",
 ]

@@ -134,6 +134,14 @@ DJANGO_OUTBOX: dict[str, Any] = {
     "DISPATCH": os.environ.get("OUTBOX_DISPATCH", "celery"),
 }
 
+# Background jobs: Django's Tasks API (the django-tasks backport on Django 5.2).
+TASKS = {
+    "default": {
+        "BACKEND": "django_outbox.jobs.JobsBackend",
+        "QUEUES": ["default", "emails"],
+    }
+}
+
 # Tests and the demo hand a whole DJANGO_OUTBOX to subprocesses as JSON.
 if os.environ.get("OUTBOX_SETTINGS_JSON"):
     import json

@@ -115,6 +115,11 @@ class Heartbeat:
             logger.warning("heartbeat failed (%s); retrying", exc)
             connections[self.using].close()
             return
+        try:
+            self.extend_leases()
+        except DatabaseError:
+            logger.exception("extending the leases of this worker's rows failed; retrying")
+            connections[self.using].close()
         if self.healthy_since is None:
             self.healthy_since = time.monotonic()
             return
@@ -132,6 +137,30 @@ class Heartbeat:
                 callback()
         if time.monotonic() - self.healthy_since >= config.sweep_stale_seconds:
             self.check_sweeps()
+
+    def extend_leases(self) -> int:
+        """Renew the leases of rows this worker runs, for parts whose steps may outlast a
+        lease (``Part.extends_leases``): a live worker keeps its long jobs, a dead or
+        frozen one stops renewing and loses them. Renews only leases past their half."""
+        from django_outbox.engine.part import registered
+
+        extended = 0
+        for part_class in registered().values():
+            life = part_class.lifecycle
+            if not part_class.extends_leases or life.running is None:
+                continue
+            lease = get_settings().engine(part_class.name).lease_seconds
+            now = clock.now()
+            extended += (
+                part_class.model._default_manager.using(self.using)
+                .filter(
+                    state=life.running,
+                    claimed_by=self.id,
+                    locked_until__lt=clock.later(now, lease / 2),
+                )
+                .update(locked_until=clock.later(now, lease))
+            )
+        return extended
 
     def check_sweeps(self, *, force: bool = False) -> None:
         """Warn once when a part with unfinished rows has not been swept for

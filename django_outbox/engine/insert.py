@@ -166,7 +166,10 @@ def fast_insert(
             sources.append((field.attname, "clock"))
         else:
             default = field.get_default()
-            values.append(_literal(default))
+            if isinstance(field, models.JSONField) and default is not None:
+                values.append(_literal(json.dumps(default, cls=field.encoder)))
+            else:
+                values.append(_literal(default))
             sources.append((field.attname, default))
     stamped = _column(model, clock_fields[0])
     into = f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)})"

@@ -102,6 +102,9 @@ class Part:
     #: Columns a claim reads back (``None``: all).
     claimed_fields: ClassVar[tuple[str, ...] | None] = None
     ordering: ClassVar[KeyOrdering | None] = None
+    #: Whether the heartbeat of a live worker keeps extending the leases of the rows it
+    #: runs (steps that may take longer than ``LEASE_SECONDS``: jobs).
+    extends_leases: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -138,6 +141,11 @@ class Part:
             due = due.filter(blocked=False)
         return due.order_by("available_at", "pk")
 
+    def claim_variant(self) -> Any:
+        """What, besides the part, shapes ``due()`` (a hashable; compiled claims are
+        cached per value): the queues a jobs runner takes, say."""
+        return None
+
     def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
         """Do the step for *rows*; yield outcomes as they come (recorded at once).
 
@@ -153,12 +161,25 @@ class Part:
         """Attempts allowed before a retryable failure becomes final."""
         return self.config.max_attempts
 
+    def retry_delays(self, row: Any) -> tuple[float, float]:
+        """The backoff of *row*'s retries: base and maximum delay in seconds."""
+        return self.config.retry_base_seconds, self.config.retry_max_seconds
+
     def holds_uncertain(self, row: Any) -> bool:
         """Whether an uncertain outcome parks *row* for an operator instead of retrying."""
         return False
 
     def failed_values(self, row: Any, error: DeliveryError) -> Mapping[str, Any]:
         """Extra fields set on a row whose attempt failed (a traceback, say)."""
+        return {}
+
+    def done_row_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
+        """Extra fields of *row*'s own set when it finished (a job's return value);
+        rows with the same values share one UPDATE."""
+        return {}
+
+    def dead_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
+        """Extra fields set on a row whose failure is final (lease mode)."""
         return {}
 
     def held_values(self) -> Mapping[str, Any]:

@@ -42,7 +42,7 @@ ERROR_CHARS = 4000
 #: Compiled claims (PostgreSQL) per part, database, batch size and whether ids
 #: narrow them: a Celery task builds a new runner for every trigger. Settings
 #: changes (lease length) drop them.
-_STATEMENTS: dict[tuple[type[Part], str, int, bool], ClaimStatement] = {}
+_STATEMENTS: dict[tuple[type[Part], str, int, bool, Any], ClaimStatement] = {}
 conf.on_change(_STATEMENTS.clear)
 
 
@@ -114,7 +114,7 @@ class Runner:
         part = self.part
         if part.clock is not None or connections[self.using].vendor != "postgresql":
             return None
-        key = (type(part), self.using, self.batch_size, narrowed)
+        key = (type(part), self.using, self.batch_size, narrowed, part.claim_variant())
         statement = _STATEMENTS.get(key)
         if statement is None:
             statement = _STATEMENTS[key] = ClaimStatement.prepare(
@@ -198,6 +198,8 @@ class Runner:
                 "locked_until": None,
                 "lock_token": None,
                 "claimed_by": None,
+                **part.failed_values(row, error),
+                **({} if retry else part.dead_values(row, now)),
             }
             if keyed and getattr(row, keyed[-1]) is not None:
                 changes[row.pk]["blocking"] = True
@@ -214,6 +216,11 @@ class Runner:
         if keyed:
             done_values.update(blocking=False, blocked=False)
 
+        # Parts that record something of each row's own (a job's return value).
+        per_row = {row.pk: part.done_row_values(row, now) for row in done}
+        if not any(per_row.values()):
+            per_row = {}
+
         def write() -> tuple[int, int]:
             many = (bool(done) and bool(changes)) or bool(releasing) or bool(parking)
             with transaction.atomic(using=self.using) if many else nullcontext():
@@ -221,7 +228,9 @@ class Runner:
                 # in this group were not done. Finished rows keep their token
                 # and worker: who finished them, and a way to tell ours apart.
                 recorded_done = (
-                    with_ids(held, [row.pk for row in done]).update(**done_values) if done else 0
+                    with_ids(held, [row.pk for row in done]).update(**done_values)
+                    if done and not per_row
+                    else update_each(held, {pk: {**done_values, **v} for pk, v in per_row.items()})
                 )
                 recorded = recorded_done + update_each(held, changes)
                 if releasing:
@@ -267,12 +276,8 @@ class Runner:
             return {"state": life.failed, **part.held_values()}, text, False
         retryable = isinstance(error, RetryableError)
         if retryable and row.attempts < part.max_attempts(row):
-            delay = backoff_delay(
-                row.attempts,
-                base=part.config.retry_base_seconds,
-                maximum=part.config.retry_max_seconds,
-                rng=part.rng,
-            )
+            base, maximum = part.retry_delays(row)
+            delay = backoff_delay(row.attempts, base=base, maximum=maximum, rng=part.rng)
             change = {"state": life.ready, "available_at": clock.later(now, delay)}
             return change, text, True
         if retryable:

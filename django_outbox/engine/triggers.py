@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -37,11 +37,22 @@ MAX_IDS_PER_TRIGGER = 5000
 #: Dotted path of the Celery task that runs each part's batches, by part name.
 TASKS: dict[str, str] = {}
 
+#: Per part: given a trigger's sub-key (``"jobs:emails"`` → ``"emails"``), the extra
+#: task kwargs and ``apply_async`` options of its trigger (a Celery queue, say).
+Route = Callable[[str], tuple[dict[str, Any], dict[str, Any]]]
+ROUTES: dict[str, Route] = {}
 
-def register_task(part: str, task_path: str) -> None:
+
+def register_task(part: str, task_path: str, route: Route | None = None) -> None:
     """Name the Celery task a trigger of *part* sends: ``task.apply_async(([ids],),
-    {"using": alias})``; *task_path* is imported when the first trigger fires."""
+    {"using": alias})``; *task_path* is imported when the first trigger fires.
+
+    A part whose rows go to different workers (jobs by queue) schedules them as
+    ``"part:sub"``; *route* turns ``sub`` into extra kwargs and options.
+    """
     TASKS[part] = task_path
+    if route is not None:
+        ROUTES[part] = route
 
 
 class Trigger:
@@ -104,7 +115,9 @@ def dispatch_now(part: str, using: str, ids: Sequence[Any]) -> None:
             connection = connections[using]
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_notify(%s, %s)", [config.notify_channel, part])
+                    cursor.execute(
+                        "SELECT pg_notify(%s, %s)", [config.notify_channel, part.split(":")[0]]
+                    )
     except Exception:
         # The rows are committed; a sweep will run them.
         logger.exception(
@@ -117,7 +130,9 @@ _warned_default_app = False
 
 def _send_celery(part: str, using: str, ids: Sequence[Any]) -> None:
     global _warned_default_app
-    task = import_string(TASKS[part])
+    base, _, sub = part.partition(":")
+    task = import_string(TASKS[base])
+    extra, options = ROUTES[base](sub) if base in ROUTES else ({}, {})
     if not _warned_default_app and celery_app_missing(task.app):
         _warned_default_app = True
         logger.error(
@@ -131,7 +146,11 @@ def _send_celery(part: str, using: str, ids: Sequence[Any]) -> None:
             for start in range(0, max(len(ids), 1), MAX_IDS_PER_TRIGGER):
                 chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
                 task.apply_async(
-                    args=(chunk,), kwargs={"using": using}, retry=False, connection=connection
+                    args=(chunk,),
+                    kwargs={"using": using, **extra},
+                    retry=False,
+                    connection=connection,
+                    **options,
                 )
         except Exception:
             # A broken connection is not handed to the next trigger.

@@ -1,0 +1,34 @@
+"""Background jobs: a ``django.tasks`` backend with the outbox's guarantees.
+
+``TASKS = {"default": {"BACKEND": "django_outbox.jobs.JobsBackend"}}``; see
+``docs/jobs.md``. Imports are lazy: Django imports the backend while apps
+may still be loading.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django_outbox.jobs.backend import JobArgumentsError, JobsBackend, JobTask
+
+__all__ = ["JobArgumentsError", "JobTask", "JobsBackend", "cancel_requested"]
+
+
+def cancel_requested(result_id: Any, *, using: str | None = None) -> bool:
+    """Whether an operator asked the job *result_id* to stop (a running job may check
+    this between steps and return early; nothing stops it otherwise)."""
+    from django.db import router
+
+    from django_outbox.jobs.models import Job
+
+    db = using or router.db_for_read(Job)
+    return Job.objects.using(db).filter(result_id=str(result_id), cancel_requested=True).exists()
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("JobsBackend", "JobTask", "JobArgumentsError"):
+        from django_outbox.jobs import backend
+
+        return getattr(backend, name)
+    raise AttributeError(name)

@@ -1,0 +1,341 @@
+"""The ``django.tasks`` backend: ``enqueue`` is an INSERT in the caller's transaction.
+
+Configure it in ``TASKS``::
+
+    TASKS = {"default": {"BACKEND": "django_outbox.jobs.JobsBackend",
+                         "QUEUES": ["default", "emails"]}}
+
+and write tasks with Django's own decorator; our options ride on its
+keyword arguments (Django passes them to the backend's ``task_class``)::
+
+    @task(max_attempts=5, dont_retry=(ValueError,), unique_key="sync-{customer_id}")
+    def sync_customer(customer_id): ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, router, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from django_outbox.conf import get_settings
+from django_outbox.engine import clock, triggers
+from django_outbox.engine.insert import fast_insert
+from django_outbox.exceptions import OutboxError
+from django_outbox.jobs import compat
+
+if TYPE_CHECKING:
+    from django_outbox.jobs.models import Job
+
+#: Longest unique key (the column's size).
+MAX_UNIQUE_KEY_LENGTH = 255
+
+UniqueKey = str | Callable[..., str] | None
+
+
+class JobArgumentsError(OutboxError, TypeError):
+    """A job's arguments cannot be stored as JSON and read back unchanged."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobTask(compat.Task):  # type: ignore[misc,valid-type,unused-ignore]
+    """Django's ``Task`` with the options of our backend (all optional).
+
+    - ``max_attempts``: runs before a failing job ends FAILED (default: the
+      ``JOBS`` section's ``MAX_ATTEMPTS``, 3 unless set).
+    - ``retry_on`` / ``dont_retry``: which exceptions are retried (default:
+      every ``Exception``; ``dont_retry`` wins).
+    - ``retry_base_seconds`` / ``retry_max_seconds``: the exponential backoff
+      (with jitter) between attempts (default: the section's settings).
+    - ``unique_key``: while a job with this key is READY or RUNNING, enqueuing
+      returns that job's result instead of a new job. A string (formatted with
+      the call's keyword arguments, ``"sync-{customer_id}"``) or a callable
+      taking the call's arguments.
+    """
+
+    max_attempts: int | None = None
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    dont_retry: tuple[type[BaseException], ...] = ()
+    retry_base_seconds: float | None = None
+    retry_max_seconds: float | None = None
+    unique_key: UniqueKey = None
+
+    def using(self, *, unique_key: UniqueKey = None, **changes: Any) -> JobTask:
+        """Django's ``using()`` (priority, queue_name, run_after, backend), plus a
+        ``unique_key`` for this call."""
+        task: JobTask = compat.Task.using(self, **changes)
+        if unique_key is not None:
+            task = dataclasses.replace(task, unique_key=unique_key)
+        return task
+
+    def retries(self, exc: BaseException) -> bool:
+        """Whether *exc* raised by this task is retried (while attempts are left)."""
+        return isinstance(exc, self.retry_on) and not isinstance(exc, self.dont_retry)
+
+
+class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unused-ignore]
+    """Durable jobs in the database, run by Celery workers or ``manage.py jobs_worker``.
+
+    ``OPTIONS``: ``DATABASE`` (alias of the database that holds the jobs;
+    default: the router's choice for the job model).
+    """
+
+    task_class = JobTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.database: str | None = self.options.get("DATABASE")
+
+    # -- validation --------------------------------------------------------------
+
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)
+        if not isinstance(task, JobTask):
+            return  # a plain Task (another backend's task_class): Django's checks only
+        if task.max_attempts is not None and (
+            isinstance(task.max_attempts, bool)
+            or not isinstance(task.max_attempts, int)
+            or task.max_attempts < 1
+        ):
+            raise compat.InvalidTask(
+                f"max_attempts must be a positive integer, got {task.max_attempts!r}"
+            )
+        for name in ("retry_on", "dont_retry"):
+            value = getattr(task, name)
+            if not isinstance(value, tuple) or not all(
+                isinstance(c, type) and issubclass(c, BaseException) for c in value
+            ):
+                raise compat.InvalidTask(f"{name} must be a tuple of exception classes")
+        for name in ("retry_base_seconds", "retry_max_seconds"):
+            value = getattr(task, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise compat.InvalidTask(f"{name} must be a non-negative number of seconds")
+        key = task.unique_key
+        if key is not None and not (isinstance(key, str) and key) and not callable(key):
+            raise compat.InvalidTask("unique_key must be a non-empty string or a callable")
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def enqueue(self, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Store the job in the current transaction (or its own); it runs after the
+        commit. Raises ``JobArgumentsError`` for arguments that are not plain JSON."""
+        self.validate_task(task)
+        args = list(args)
+        kwargs = dict(kwargs)
+        check_json(args, f"arguments of {task.module_path}", "args")
+        check_json(kwargs, f"arguments of {task.module_path}", "kwargs")
+        settings = get_settings()
+        options = task if isinstance(task, JobTask) else None
+        row: dict[str, Any] = {
+            "result_id": uuid.uuid4(),
+            "task_path": task.module_path,
+            "backend": self.alias,
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+            "args": args,
+            "kwargs": kwargs,
+            "max_attempts": (options.max_attempts if options else None)
+            or settings.jobs.engine.max_attempts,
+            "unique_key": unique_key_of(options, args, kwargs) if options else None,
+        }
+        from django_outbox.jobs.models import Job
+
+        db = self.database or router.db_for_write(Job)
+        if task.run_after is not None:
+            row["available_at"] = task.run_after
+        if row["unique_key"] is None:
+            job = _insert(db, row)
+        else:
+            job = _insert_unique(db, row)
+            if job.result_id != row["result_id"]:
+                return to_result(job, task=task, backend=self.alias)  # the existing one
+        triggers.schedule(f"jobs:{job.queue_name}", db, job.pk)
+        result = to_result(job, task=task, backend=self.alias)
+        _signal("task_enqueued", result)
+        return result
+
+    # -- results -----------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> Any:
+        """The job's current result; ``TaskResultDoesNotExist`` if unknown (or purged)."""
+        try:
+            key = uuid.UUID(str(result_id))
+        except ValueError:
+            raise compat.TaskResultDoesNotExist(result_id) from None
+        from django_outbox.jobs.models import Job
+
+        db = self.database or router.db_for_read(Job)
+        job = Job.objects.using(db).filter(result_id=key).first()
+        if job is None:
+            raise compat.TaskResultDoesNotExist(result_id)
+        return to_result(job, backend=self.alias)
+
+
+def _insert(db: str, row: dict[str, Any]) -> Job:
+    from django_outbox.jobs.models import Job
+
+    connection = connections[db]
+    if not connection.features.can_return_columns_from_insert:
+        job = Job(**row, created_at=clock.now())
+        if "available_at" not in row:
+            job.available_at = clock.now()
+        job.save(force_insert=True, using=db)
+        job.created_at = timezone.now()
+        if "available_at" not in row:
+            job.available_at = job.created_at
+        return job
+    varying = _VARYING + (("available_at",) if "available_at" in row else ())
+    clock_fields = ("created_at",) if "available_at" in row else ("created_at", "available_at")
+    statement = fast_insert(connection, Job, varying=varying, clock_fields=clock_fields)
+    inserted: Job = statement.run(connection, row)
+    return inserted
+
+
+def _insert_unique(db: str, row: dict[str, Any]) -> Job:
+    """Insert unless a READY or RUNNING job has the same unique key; return the new job,
+    or the existing one (its ``result_id`` differs from the row's)."""
+    from django_outbox.jobs.models import ACTIVE_STATES, Job
+
+    active = Job.objects.using(db).filter(unique_key=row["unique_key"], state__in=ACTIVE_STATES)
+    if connections[db].vendor == "mysql":
+        # No partial unique index there: a locking read of the key, then the insert.
+        # Concurrent first enqueues of one key may both insert (documented).
+        with transaction.atomic(using=db):
+            existing = active.select_for_update().first()
+            return existing if existing is not None else _insert(db, row)
+    for _ in range(3):
+        try:
+            with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
+                return _insert(db, row)
+        except IntegrityError:
+            existing = active.first()
+            if existing is not None:
+                return existing
+            # It finished between our insert and our read: try again.
+    raise IntegrityError(f"could not enqueue the job with unique key {row['unique_key']!r}")
+
+
+#: The fields an enqueue sets; every other column is written with its default.
+_VARYING = (
+    "result_id",
+    "task_path",
+    "backend",
+    "queue_name",
+    "priority",
+    "args",
+    "kwargs",
+    "max_attempts",
+    "unique_key",
+)
+
+
+def unique_key_of(task: JobTask, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """The unique key of this call, or ``None``."""
+    spec = task.unique_key
+    if spec is None:
+        return None
+    try:
+        key = spec(*args, **kwargs) if callable(spec) else spec.format(*args, **kwargs)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise JobArgumentsError(
+            f"unique_key of {task.module_path} could not be made from the arguments: {exc!r}"
+        ) from exc
+    if not isinstance(key, str) or not key or len(key) > MAX_UNIQUE_KEY_LENGTH:
+        raise JobArgumentsError(
+            f"unique_key of {task.module_path} must give a non-empty string of at most "
+            f"{MAX_UNIQUE_KEY_LENGTH} characters, got {key!r}"
+        )
+    return key
+
+
+def check_json(value: Any, what: str, path: str) -> None:
+    """Raise ``JobArgumentsError`` naming the first part of *value* that would not come
+    back from JSON as it went in (a datetime, a Decimal, a set, a non-string key…)."""
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise JobArgumentsError(f"{what}: {path} is {value!r}, which JSON cannot hold")
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            check_json(item, what, f"{path}[{index}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise JobArgumentsError(
+                    f"{what}: {path} has the key {key!r}; JSON object keys are strings"
+                )
+            check_json(item, what, f"{path}[{key!r}]")
+        return
+    hint = {
+        datetime: "pass .isoformat() and parse it in the task",
+        uuid.UUID: "pass str(value)",
+    }.get(type(value), "pass plain JSON values (str, int, float, bool, None, list, dict)")
+    raise JobArgumentsError(
+        f"{what}: {path} is a {type(value).__module__}.{type(value).__qualname__}, "
+        f"which is not JSON; {hint}"
+    )
+
+
+def to_result(job: Job, *, task: Any = None, backend: str | None = None) -> Any:
+    """The ``TaskResult`` that *job* is (Django's class; our row behind it)."""
+    if task is None:
+        task = load_task(job.task_path)
+        task = task.using(priority=job.priority, queue_name=job.queue_name)
+    errors = [
+        compat.TaskError(
+            exception_class_path=str(e.get("exception_class_path", "")),
+            traceback=str(e.get("traceback", "")),
+        )
+        for e in job.errors or []
+    ]
+    result = compat.TaskResult(
+        task=task,
+        id=str(job.result_id),
+        status=compat.TaskResultStatus(job.state),
+        enqueued_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        last_attempted_at=job.last_attempted_at,
+        args=list(job.args or []),
+        kwargs=dict(job.kwargs or {}),
+        backend=backend or job.backend,
+        errors=errors,
+        worker_ids=[str(w) for w in job.worker_ids or []],
+    )
+    if job.state == "SUCCESSFUL":
+        compat.set_attribute(result, "_return_value", job.return_value)
+    return result
+
+
+def load_task(path: str) -> Any:
+    """The ``Task`` object at dotted *path* (a module-level decorated function)."""
+    found = import_string(path)
+    if not isinstance(found, compat.Task):
+        raise TypeError(f"{path} is not a task (decorate it with @task)")
+    return found
+
+
+def _signal(name: str, result: Any) -> None:
+    getattr(compat.signals, name).send(sender=JobsBackend, task_result=result)
+
+
+__all__ = ["JobArgumentsError", "JobTask", "JobsBackend", "check_json", "to_result"]

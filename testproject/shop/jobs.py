@@ -1,0 +1,68 @@
+"""Background jobs of the test project (``django.tasks`` tasks on our backend).
+
+Written against the Tasks API only (imported through our compat module so the
+same file serves Django 6's ``django.tasks`` and the 5.2 backport).
+"""
+
+import os
+import time
+from pathlib import Path
+
+from django_outbox.jobs.compat import task
+from testproject.shop.models import Payment
+
+
+@task()
+def add(a, b):
+    return a + b
+
+
+@task()
+def noop():
+    return None
+
+
+@task()
+def record_payment(order_ref):
+    """One Payment per run: the tests count how often a job really ran."""
+    Payment.objects.create(order_ref=order_ref, status="job")
+    return order_ref
+
+
+@task(takes_context=True, max_attempts=3, retry_base_seconds=0.2, retry_max_seconds=0.5)
+def flaky(context, order_ref, failures):
+    """Fails on its first *failures* attempts, then records a Payment."""
+    if context.attempt <= failures:
+        raise ConnectionError(f"attempt {context.attempt} of {order_ref}: try again")
+    Payment.objects.create(order_ref=order_ref, status=f"attempt-{context.attempt}")
+    return context.attempt
+
+
+@task(max_attempts=3, retry_base_seconds=0.1, retry_max_seconds=0.2)
+def always_fails(reason):
+    raise RuntimeError(reason)
+
+
+@task(max_attempts=5, dont_retry=(ValueError,))
+def refuses(value):
+    raise ValueError(f"bad value {value!r}")
+
+
+@task(unique_key="sync-{customer}")
+def sync_customer(customer):
+    return customer
+
+
+@task(queue_name="emails", priority=10)
+def send_email(to):
+    return to
+
+
+@task()
+def slow(order_ref, seconds, marker=""):
+    """Writes *marker* when it starts (crash tests kill it mid-job), then sleeps."""
+    if marker:
+        Path(marker).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    Payment.objects.create(order_ref=order_ref, status="slow")
+    return order_ref

@@ -1,0 +1,266 @@
+"""Background jobs through Django's Tasks API on our backend, run in-process."""
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from django_outbox.engine import triggers
+from django_outbox.jobs import JobArgumentsError, cancel_requested, compat
+from django_outbox.jobs.models import Job, JobState
+from django_outbox.jobs.running import Jobs
+from testproject.shop import jobs
+from testproject.shop.models import Payment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_all(**options):
+    return Jobs(**options).drain()
+
+
+def wait_and_run(result, *, until, timeout=10.0):
+    """Drain (retries are backed off) until *result* reaches one of *until*."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run_all()
+        result.refresh()
+        if result.status in until or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+def test_enqueue_joins_the_transaction_a_rollback_leaves_no_job():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        jobs.record_payment.enqueue("rolled-back")
+        assert Job.objects.count() == 1  # inside, the job is there
+        raise RuntimeError("the business transaction fails")
+    assert not Job.objects.exists()
+    assert run_all().claimed == 0
+    assert not Payment.objects.exists()
+
+
+def test_a_committed_job_runs_and_its_result_is_recorded():
+    with transaction.atomic():
+        result = jobs.add.enqueue(2, 3)
+    assert result.status == compat.TaskResultStatus.READY
+    assert result.enqueued_at is not None
+    assert result.backend == "default"
+    outcome = run_all()
+    assert (outcome.claimed, outcome.done) == (1, 1)
+    fetched = jobs.add.get_result(result.id)
+    assert fetched.status == compat.TaskResultStatus.SUCCESSFUL
+    assert fetched.return_value == 5
+    assert fetched.args == [2, 3]
+    assert fetched.attempts == 1
+    assert len(fetched.worker_ids) == 1
+    assert fetched.enqueued_at <= fetched.started_at <= fetched.finished_at
+    assert fetched.last_attempted_at == fetched.started_at
+    assert fetched.errors == []
+    result.refresh()
+    assert result.return_value == 5
+
+
+def test_get_result_of_an_unknown_id_raises_django_s_error():
+    backend = compat.task_backends["default"]
+    with pytest.raises(compat.TaskResultDoesNotExist):
+        backend.get_result(str(uuid.uuid4()))
+    with pytest.raises(compat.TaskResultDoesNotExist):
+        backend.get_result("not-a-uuid")
+
+
+def test_retries_back_off_and_count_attempts_until_success():
+    result = jobs.flaky.enqueue("flaky-1", 2)
+    first = run_all()
+    assert (first.claimed, first.retried) == (1, 1)
+    job = Job.objects.get()
+    assert job.state == JobState.READY
+    assert job.available_at > timezone.now()  # backed off: not due again at once
+    assert run_all().claimed == 0
+    result = wait_and_run(result, until={"SUCCESSFUL", "FAILED"})
+    assert result.status == "SUCCESSFUL"
+    assert result.attempts == 3
+    assert result.return_value == 3  # TaskContext.attempt counted the retries
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ConnectionError"] * 2
+    assert "attempt 1 of flaky-1" in result.errors[0].traceback
+    assert "Traceback" in result.errors[1].traceback
+    assert list(Payment.objects.values_list("status", flat=True)) == ["attempt-3"]
+
+
+def test_a_job_failing_every_attempt_ends_failed_with_each_traceback():
+    result = jobs.always_fails.enqueue("broken")
+    result = wait_and_run(result, until={"FAILED"})
+    assert result.status == "FAILED"
+    assert result.attempts == 3
+    assert len(result.errors) == 3
+    assert all(e.exception_class_path == "builtins.RuntimeError" for e in result.errors)
+    assert all("broken" in e.traceback for e in result.errors)
+    assert result.finished_at is not None
+    with pytest.raises(ValueError, match="failed"):
+        result.return_value  # noqa: B018 - Django raises for a failed task
+    job = Job.objects.get()
+    assert job.last_error.startswith("gave up after 3 attempts")
+
+
+def test_exceptions_not_to_retry_fail_at_once():
+    result = jobs.refuses.enqueue(7)
+    run_all()
+    result.refresh()
+    assert (result.status, result.attempts) == ("FAILED", 1)
+    assert result.errors[0].exception_class_path == "builtins.ValueError"
+
+
+def test_arguments_that_are_not_json_fail_in_the_caller_and_store_nothing():
+    with transaction.atomic():
+        jobs.add.enqueue(1, 2)
+        for bad, where in [
+            ((timezone.now(), 1), "args[0] is a datetime.datetime"),
+            ((1, {2: "x"}), "args[1] has the key 2"),
+            ((float("nan"), 1), "args[0] is nan"),
+            (({1, 2}, 1), "args[0] is a builtins.set"),
+        ]:
+            with pytest.raises(JobArgumentsError) as caught:
+                jobs.add.enqueue(*bad)
+            assert where in str(caught.value)
+            assert "testproject.shop.jobs.add" in str(caught.value)
+        # The caller's transaction is still usable.
+        jobs.add.enqueue(3, 4)
+    assert Job.objects.count() == 2
+
+
+def test_invalid_tasks_raise_django_s_invalid_task():
+    from django_outbox.jobs.backend import JobTask
+
+    with pytest.raises(compat.InvalidTask, match="max_attempts"):
+        JobTask(func=jobs.add.func, max_attempts=0)
+    with pytest.raises(compat.InvalidTask, match="retry_on"):
+        JobTask(func=jobs.add.func, retry_on=(int,))
+    with pytest.raises(compat.InvalidTask, match="Queue"):
+        jobs.add.using(queue_name="nowhere")
+
+
+def test_unique_key_returns_the_active_job_instead_of_a_new_one():
+    first = jobs.sync_customer.enqueue(customer="c-1")
+    again = jobs.sync_customer.enqueue(customer="c-1")
+    other = jobs.sync_customer.enqueue(customer="c-2")
+    assert again.id == first.id
+    assert other.id != first.id
+    assert Job.objects.count() == 2
+    run_all()
+    # Finished: the key is free again.
+    later = jobs.sync_customer.enqueue(customer="c-1")
+    assert later.id != first.id
+    assert Job.objects.filter(unique_key="sync-c-1").count() == 2
+
+
+def test_unique_key_inside_a_transaction_that_already_has_one():
+    with transaction.atomic():
+        first = jobs.sync_customer.enqueue(customer="c-9")
+        again = jobs.sync_customer.enqueue(customer="c-9")
+        jobs.add.enqueue(1, 1)  # the duplicate left the transaction usable
+    assert again.id == first.id
+    assert Job.objects.count() == 2
+
+
+def test_priority_and_run_after():
+    low = jobs.add.using(priority=-5).enqueue(1, 1)
+    high = jobs.add.using(priority=50).enqueue(2, 2)
+    later = jobs.add.using(run_after=timezone.now() + timedelta(seconds=1)).enqueue(3, 3)
+    assert Jobs(batch_size=1).run_batch().done == 1
+    high.refresh()
+    low.refresh()
+    assert (high.status, low.status) == ("SUCCESSFUL", "READY")
+    run_all()
+    later.refresh()
+    assert later.status == "READY"  # not before run_after
+    time.sleep(1.1)
+    run_all()
+    later.refresh()
+    assert later.status == "SUCCESSFUL"
+    assert later.started_at >= later.task.run_after if later.task.run_after else True
+
+
+def test_a_runner_takes_only_its_queues():
+    email = jobs.send_email.enqueue("a@example.com")
+    plain = jobs.add.enqueue(1, 2)
+    assert Jobs(queues=["default"]).drain().done == 1
+    email.refresh()
+    plain.refresh()
+    assert (plain.status, email.status) == ("SUCCESSFUL", "READY")
+    assert Jobs(queues=["emails"]).drain().done == 1
+
+
+def test_cancel_a_ready_job_and_ask_a_running_one_to_stop():
+    ready = jobs.record_payment.enqueue("never")
+    assert Job.objects.filter(result_id=ready.id).cancel() == 1
+    run_all()
+    ready.refresh()
+    assert ready.status == "FAILED"
+    assert not Payment.objects.exists()
+    job = Job.objects.get(result_id=ready.id)
+    assert job.resolution == "cancelled"
+    running = jobs.add.enqueue(1, 1)
+    Job.objects.filter(result_id=running.id).update(state=JobState.RUNNING)
+    assert not cancel_requested(running.id)
+    assert Job.objects.filter(result_id=running.id).cancel() == 0
+    assert cancel_requested(running.id)
+
+
+def test_retry_a_failed_job():
+    result = jobs.refuses.enqueue(1)
+    run_all()
+    assert Job.objects.retry() == 1
+    job = Job.objects.get()
+    assert (job.state, job.attempts, job.finished_at) == (JobState.READY, 0, None)
+    run_all()
+    result.refresh()
+    assert result.status == "FAILED"
+    assert len(result.errors) == 2  # the history of the first round is kept
+
+
+def test_a_task_written_for_the_immediate_backend_runs_unchanged(settings):
+    """Django's own ImmediateBackend and ours run the same task function the same way."""
+    settings.TASKS = {
+        "default": {"BACKEND": "django_outbox.jobs.JobsBackend", "QUEUES": ["default"]},
+        "immediate": {"BACKEND": f"{compat.SOURCE}.backends.immediate.ImmediateBackend"},
+    }
+    immediate = compat.task(backend="immediate")(jobs.add.func)
+    ours = compat.task()(jobs.add.func)
+    expected = immediate.enqueue(20, 22)
+    assert expected.status == "SUCCESSFUL"
+    result = ours.enqueue(20, 22)
+    run_all()
+    result.refresh()
+    assert result.return_value == expected.return_value == 42
+
+
+def test_the_commit_sends_one_trigger_per_queue(configure_outbox, monkeypatch):
+    configure_outbox(DISPATCH="celery", DISPATCH_IN_BACKGROUND=False)
+    sent = []
+    monkeypatch.setattr(
+        triggers, "_send_celery", lambda part, using, ids: sent.append((part, list(ids)))
+    )
+    with transaction.atomic():
+        a = jobs.add.enqueue(1, 1)
+        b = jobs.add.enqueue(2, 2)
+        c = jobs.send_email.enqueue("x@example.com")
+        assert sent == []
+    pks = dict(Job.objects.values_list("result_id", "pk"))
+    assert sorted(sent) == sorted(
+        [
+            ("jobs:default", [pks[uuid.UUID(a.id)], pks[uuid.UUID(b.id)]]),
+            ("jobs:emails", [pks[uuid.UUID(c.id)]]),
+        ]
+    )
+
+
+def test_trigger_routing_maps_job_queues_to_celery_queues(configure_outbox):
+    from django_outbox.jobs.running import _route
+
+    assert _route("default") == ({"queue": "default"}, {})
+    assert _route("emails") == ({"queue": "emails"}, {"queue": "emails"})
+    configure_outbox(JOBS={"CELERY_QUEUES": {"emails": "mail-workers"}})
+    assert _route("emails") == ({"queue": "emails"}, {"queue": "mail-workers"})
