@@ -17,6 +17,7 @@ from django_outbox.admin.shared import (
     EstimatedCountPaginator,
     HasErrorFilter,
     OperatorActions,
+    ReadOnlyRows,
     pretty_json,
     pretty_text,
     short_error,
@@ -69,7 +70,7 @@ class SourceFilter(ConfiguredValuesFilter):
 
 
 @admin.register(InboxMessage)
-class InboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type-arg]
+class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
     part_name = "inbox"
     confirmed_verbs = ("skip",)
     list_display = (
@@ -157,16 +158,6 @@ class InboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type
     @admin.display(description="last error")
     def error(self, obj: InboxMessage) -> str:
         return short_error(obj.last_error)
-
-    # Rows come from receive() and leave through the purge only.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_outbox.requeue_inboxmessage")

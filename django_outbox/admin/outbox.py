@@ -20,6 +20,7 @@ from django_outbox.admin.shared import (
     EstimatedCountPaginator,
     HasErrorFilter,
     OperatorActions,
+    ReadOnlyRows,
     pretty_json,
     pretty_text,
     short_error,
@@ -44,7 +45,7 @@ class DestinationFilter(ConfiguredValuesFilter):
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[type-arg]
+class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
     part_name = "outbox"
     list_display = (
         "id",
@@ -193,16 +194,6 @@ class OutboxMessageAdmin(OperatorActions, admin.ModelAdmin):  # type: ignore[typ
         return results | queryset.filter(message_id=message_id), duplicates
 
     # -- permissions ---------------------------------------------------------
-
-    # Messages are created by send() and removed by the purge only.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_outbox.requeue_outboxmessage")

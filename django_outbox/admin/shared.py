@@ -128,6 +128,20 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
         return super().count
 
 
+class ReadOnlyRows:
+    """Rows that the part's own code writes: no add, change or delete in the admin
+    (operators act through the guarded actions; rows leave through the purge)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class OperatorActions:
     """Requeue / cancel / skip for a part's ModelAdmin: filtered to the allowed source
     states by the domain methods, logged in the admin's history, final ones confirmed."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
-from django.db.models import BooleanField, Case, Exists, OuterRef, Q, Value, When
+from django.db import connections, models
+from django.db.models import BooleanField, Case, Exists, F, OuterRef, Q, Value, When
 
 from django_outbox.engine.lease import Lease, claim
 from django_outbox.engine.part import KeyOrdering
@@ -27,8 +27,9 @@ def heads_only(queryset: models.QuerySet[Any], ordering: KeyOrdering) -> models.
     key_fields = ordering.key_fields
     sequence = ordering.sequence_field
     earlier = queryset.model._default_manager.filter(
+        ordering.holding(),
         **{name: OuterRef(name) for name in key_fields},
-        **{f"{sequence}__lt": OuterRef(sequence), "state__in": ordering.blocking_states},
+        **{f"{sequence}__lt": OuterRef(sequence)},
     )
     unkeyed = Q(**{f"{key_fields[-1]}__isnull": True})
     return queryset.filter(unkeyed | ~Exists(earlier))
@@ -61,7 +62,7 @@ def claim_followers(runner: Runner, heads: Sequence[Any], lease: Lease, room: in
     manager = part.model._default_manager.using(runner.using)
     # Whether each is due is decided by the database's clock, in the same query.
     candidates = (
-        manager.filter(behind, state__in=ordering.blocking_states)
+        manager.filter(behind, ordering.holding())
         .annotate(
             is_due=Case(
                 When(available_at__lte=part.now(), then=Value(True)),
@@ -142,12 +143,12 @@ def block(part: Any, failed: Sequence[Any]) -> int:
     counters = ordering.counter._default_manager.using(part.using)
     for start in range(0, len(slots), KEYS_PER_STATEMENT):
         chunk = slots[start : start + KEYS_PER_STATEMENT]
-        keys, behind = Q(), Q()
+        behind, counter_keys = Q(), Q()
         for slot, sequence in chunk:
             match = dict(zip(ordering.key_fields, slot, strict=True))
-            keys |= Q(**match)
+            counter_keys |= Q(**ordering.counter_key(slot))
             behind |= Q(**match, **{f"{ordering.sequence_field}__gt": sequence})
-        counters.filter(keys).update(blocked=True)
+        counters.filter(counter_keys).update(blocked=True)
         # Running ones too: followers claimed with the head go back unattempted.
         life = part.lifecycle
         parked += manager.filter(
@@ -164,9 +165,59 @@ def unblock(part: Any, heads: Sequence[Any]) -> int:
     manager = part.model._default_manager.using(part.using)
     counters = ordering.counter._default_manager.using(part.using)
     for start in range(0, len(slots), KEYS_PER_STATEMENT):
-        keys = Q()
+        keys, counter_keys = Q(), Q()
         for slot in slots[start : start + KEYS_PER_STATEMENT]:
             keys |= Q(**dict(zip(ordering.key_fields, slot, strict=True)))
-        counters.filter(keys, blocked=True).update(blocked=False)
+            counter_keys |= Q(**ordering.counter_key(slot))
+        counters.filter(counter_keys, blocked=True).update(blocked=False)
         released += manager.filter(keys, blocked=True).update(blocked=False)
     return released
+
+
+def next_sequence(db: str, counter: type[models.Model], key: dict[str, Any]) -> tuple[int, bool]:
+    """Take the next sequence number of *key* (counter field → value) from *counter*, and
+    whether the key is parked (a failed row holds it back: the new one parks behind it).
+
+    One statement on PostgreSQL and SQLite (an upsert returning the new value); the
+    counter row stays locked until the caller's transaction ends, so a concurrent
+    writer of the same key waits: sequence order is commit order.
+    """
+    connection = connections[db]
+    q = connection.ops.quote_name
+    table, last, blocked = q(counter._meta.db_table), q("last_sequence"), q("blocked")
+    names = [q(str(counter._meta.get_field(name).column)) for name in key]  # type: ignore[union-attr]
+    values = list(key.values())
+    columns = ", ".join(names)
+    marks = ", ".join(["%s"] * len(values))
+    if connection.features.can_return_columns_from_insert and connection.vendor in (
+        "postgresql",
+        "sqlite",
+    ):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}, {last}, {blocked}) VALUES ({marks}, 1, %s) "
+                f"ON CONFLICT ({columns}) DO UPDATE SET {last} = {table}.{last} + 1 "
+                f"RETURNING {last}, {blocked}",
+                [*values, False],
+            )
+            sequence, parked = cursor.fetchone()
+            return int(sequence), bool(parked)
+    if connection.vendor == "mysql":
+        where = " AND ".join(f"{name} = %s" for name in names)
+        with connection.cursor() as cursor:
+            # The upsert locks the counter row until commit; the SELECT in the
+            # same transaction reads the value this transaction wrote.
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}, {last}, {blocked}) VALUES ({marks}, 1, %s) "
+                f"ON DUPLICATE KEY UPDATE {last} = {last} + 1",
+                [*values, False],
+            )
+            cursor.execute(f"SELECT {last}, {blocked} FROM {table} WHERE {where}", values)
+            sequence, parked = cursor.fetchone()
+            return int(sequence), bool(parked)
+    counters = counter._default_manager.using(db)
+    row, created = counters.select_for_update().get_or_create(**key, defaults={"last_sequence": 1})
+    if created:
+        return 1, False
+    counters.filter(pk=row.pk).update(last_sequence=F("last_sequence") + 1)
+    return int(row.last_sequence) + 1, bool(row.blocked)  # type: ignore[attr-defined]

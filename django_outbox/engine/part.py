@@ -90,6 +90,20 @@ class KeyOrdering:
     blocking_states: tuple[str, ...]
     #: One row per key: the key fields and a ``blocked`` boolean.
     counter: type[models.Model]
+    #: The counter's names for ``key_fields`` (default: the same names).
+    counter_fields: tuple[str, ...] | None = None
+    #: Whether a row whose ``blocking`` flag is set holds its key back in any state (a
+    #: part whose dead-letter state is also a final one: jobs end FAILED).
+    flag_blocks: bool = False
+
+    def counter_key(self, slot: tuple[Any, ...]) -> dict[str, Any]:
+        """The counter row's lookup for a key (its values in ``key_fields`` order)."""
+        return dict(zip(self.counter_fields or self.key_fields, slot, strict=True))
+
+    def holding(self) -> Q:
+        """Rows that hold back the later rows of their key."""
+        held = Q(state__in=self.blocking_states)
+        return held | Q(blocking=True) if self.flag_blocks else held
 
 
 class Part:

@@ -58,6 +58,9 @@ class JobTask(compat.Task):  # type: ignore[misc,valid-type,unused-ignore]
       returns that job's result instead of a new job. A string (formatted with
       the call's keyword arguments, ``"sync-{customer_id}"``) or a callable
       taking the call's arguments.
+    - ``serial_key``: jobs with the same serial key run one at a time, in
+      enqueue (commit) order; a failed one holds back only its own key until
+      it is retried, skipped or cancelled. Same forms as ``unique_key``.
     """
 
     max_attempts: int | None = None
@@ -66,13 +69,18 @@ class JobTask(compat.Task):  # type: ignore[misc,valid-type,unused-ignore]
     retry_base_seconds: float | None = None
     retry_max_seconds: float | None = None
     unique_key: UniqueKey = None
+    serial_key: UniqueKey = None
 
-    def using(self, *, unique_key: UniqueKey = None, **changes: Any) -> JobTask:
+    def using(
+        self, *, unique_key: UniqueKey = None, serial_key: UniqueKey = None, **changes: Any
+    ) -> JobTask:
         """Django's ``using()`` (priority, queue_name, run_after, backend), plus a
-        ``unique_key`` for this call."""
+        ``unique_key`` and a ``serial_key`` for this call."""
         task: JobTask = compat.Task.using(self, **changes)
         if unique_key is not None:
             task = dataclasses.replace(task, unique_key=unique_key)
+        if serial_key is not None:
+            task = dataclasses.replace(task, serial_key=serial_key)
         return task
 
     def retries(self, exc: BaseException) -> bool:
@@ -126,9 +134,10 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
                 or value < 0
             ):
                 raise compat.InvalidTask(f"{name} must be a non-negative number of seconds")
-        key = task.unique_key
-        if key is not None and not (isinstance(key, str) and key) and not callable(key):
-            raise compat.InvalidTask("unique_key must be a non-empty string or a callable")
+        for name in ("unique_key", "serial_key"):
+            key = getattr(task, name)
+            if key is not None and not (isinstance(key, str) and key) and not callable(key):
+                raise compat.InvalidTask(f"{name} must be a non-empty string or a callable")
 
     # -- enqueue -----------------------------------------------------------------
 
@@ -152,13 +161,29 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
             "kwargs": kwargs,
             "max_attempts": (options.max_attempts if options else None)
             or settings.jobs.engine.max_attempts,
-            "unique_key": unique_key_of(options, args, kwargs) if options else None,
+            "unique_key": key_of(options, "unique_key", args, kwargs) if options else None,
+            "serial_key": key_of(options, "serial_key", args, kwargs) if options else None,
         }
         from django_outbox.jobs.models import Job
 
         db = self.database or router.db_for_write(Job)
         if task.run_after is not None:
             row["available_at"] = task.run_after
+        if row["serial_key"] is not None and not connections[db].in_atomic_block:
+            # The key counter's row lock must last until the job row commits.
+            with transaction.atomic(using=db):
+                return self._store(task, row, db)
+        return self._store(task, row, db)
+
+    def _store(self, task: Any, row: dict[str, Any], db: str) -> Any:
+        if row["serial_key"] is not None:
+            # Commit order within the key: the counter row stays locked until then.
+            from django_outbox.engine import ordering
+            from django_outbox.jobs.models import JobKey
+
+            row["sequence"], row["blocked"] = ordering.next_sequence(
+                db, JobKey, {"serial_key": row["serial_key"]}
+            )
         if row["unique_key"] is None:
             job = _insert(db, row)
         else:
@@ -200,7 +225,7 @@ def _insert(db: str, row: dict[str, Any]) -> Job:
         if "available_at" not in row:
             job.available_at = job.created_at
         return job
-    varying = _VARYING + (("available_at",) if "available_at" in row else ())
+    varying = _VARYING + tuple(name for name in _OPTIONAL if name in row)
     clock_fields = ("created_at",) if "available_at" in row else ("created_at", "available_at")
     statement = fast_insert(connection, Job, varying=varying, clock_fields=clock_fields)
     inserted: Job = statement.run(connection, row)
@@ -242,23 +267,26 @@ _VARYING = (
     "kwargs",
     "max_attempts",
     "unique_key",
+    "serial_key",
 )
+#: Fields an enqueue sets only sometimes (``run_after``; a serial key's place).
+_OPTIONAL = ("available_at", "sequence", "blocked")
 
 
-def unique_key_of(task: JobTask, args: list[Any], kwargs: dict[str, Any]) -> str | None:
-    """The unique key of this call, or ``None``."""
-    spec = task.unique_key
+def key_of(task: JobTask, name: str, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """The *name* key (``unique_key``, ``serial_key``) of this call, or ``None``."""
+    spec = getattr(task, name)
     if spec is None:
         return None
     try:
         key = spec(*args, **kwargs) if callable(spec) else spec.format(*args, **kwargs)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise JobArgumentsError(
-            f"unique_key of {task.module_path} could not be made from the arguments: {exc!r}"
+            f"{name} of {task.module_path} could not be made from the arguments: {exc!r}"
         ) from exc
     if not isinstance(key, str) or not key or len(key) > MAX_UNIQUE_KEY_LENGTH:
         raise JobArgumentsError(
-            f"unique_key of {task.module_path} must give a non-empty string of at most "
+            f"{name} of {task.module_path} must give a non-empty string of at most "
             f"{MAX_UNIQUE_KEY_LENGTH} characters, got {key!r}"
         )
     return key

@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 
 from django_outbox.engine import clock
@@ -50,6 +50,7 @@ class Resolution(models.TextChoices):
 
     NONE = "", "-"
     CANCELLED = "cancelled", "cancelled"
+    SKIPPED = "skipped", "skipped"
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -60,33 +61,78 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state=JobState.READY, available_at__lte=clock.now(now))
 
     def retry(self, now: datetime | None = None) -> int:
-        """Run FAILED jobs again: READY now, attempts reset (their history is kept)."""
-        return self.filter(state=JobState.FAILED).update(
-            state=JobState.READY,
-            attempts=0,
-            available_at=clock.now(now),
-            finished_at=None,
-            resolution=Resolution.NONE,
-            cancel_requested=False,
-            locked_until=None,
-            lock_token=None,
-            claimed_by=None,
+        """Run FAILED jobs again: READY now, attempts reset (their errors are kept). A job
+        whose unique key another READY or RUNNING job holds stays FAILED (as does all
+        but the oldest of several selected jobs with one key)."""
+        candidates = list(self.filter(state=JobState.FAILED).values_list("pk", "unique_key"))
+        keys = {key for _, key in candidates if key is not None}
+        taken = set(
+            Job.objects.using(self.db)
+            .filter(state__in=ACTIVE_STATES, unique_key__in=keys)
+            .values_list("unique_key", flat=True)
         )
+        chosen = []
+        for pk, key in sorted(candidates, key=lambda c: c[0]):
+            if key is not None:
+                if key in taken:
+                    continue
+                taken.add(key)
+            chosen.append(pk)
+        return (
+            Job.objects.using(self.db)
+            .filter(pk__in=chosen, state=JobState.FAILED)
+            .update(
+                state=JobState.READY,
+                attempts=0,
+                available_at=clock.now(now),
+                finished_at=None,
+                resolution=Resolution.NONE,
+                cancel_requested=False,
+                locked_until=None,
+                lock_token=None,
+                claimed_by=None,
+            )
+        )
+
+    def skip(self, now: datetime | None = None) -> int:
+        """Give up on FAILED jobs for good: they stay FAILED (resolution ``skipped``) and
+        no longer hold back the later jobs of their serial key."""
+        with transaction.atomic(using=self.db):
+            rows = self.filter(state=JobState.FAILED).exclude(resolution=Resolution.SKIPPED)
+            heads = list(rows.filter(blocking=True).only("serial_key", "sequence"))
+            count = rows.update(resolution=Resolution.SKIPPED, blocking=False)
+            _release_keys(self.db, heads)
+        return count
 
     def cancel(self, now: datetime | None = None) -> int:
         """Cancel READY jobs (they end FAILED, resolution ``cancelled``, and never run);
         ask RUNNING ones to stop (``cancel_requested``: the job decides). Returns how many
         READY jobs were cancelled."""
-        self.filter(state=JobState.RUNNING).update(cancel_requested=True)
-        return self.filter(state=JobState.READY).update(
-            state=JobState.FAILED,
-            resolution=Resolution.CANCELLED,
-            finished_at=clock.now(now),
-            last_error="cancelled before it ran",
-            locked_until=None,
-            lock_token=None,
-            claimed_by=None,
-        )
+        with transaction.atomic(using=self.db):
+            self.filter(state=JobState.RUNNING).update(cancel_requested=True)
+            ready = self.filter(state=JobState.READY)
+            heads = list(ready.filter(serial_key__isnull=False).only("serial_key", "sequence"))
+            count = ready.update(
+                state=JobState.FAILED,
+                resolution=Resolution.CANCELLED,
+                finished_at=clock.now(now),
+                last_error="cancelled before it ran",
+                blocking=False,
+                locked_until=None,
+                lock_token=None,
+                claimed_by=None,
+            )
+            _release_keys(self.db, heads)
+        return count
+
+
+def _release_keys(using: str, heads: list[Job]) -> None:
+    """Let the jobs parked behind *heads* (cancelled or skipped) run."""
+    if heads:
+        from django_outbox.engine import ordering
+        from django_outbox.jobs.running import Running
+
+        ordering.unblock(Running(using=using), heads)
 
 
 class Job(EngineRow):
@@ -120,6 +166,23 @@ class Job(EngineRow):
         blank=True,
         help_text="At most one READY or RUNNING job has it.",
     )
+    serial_key = models.CharField(  # noqa: DJ001
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Jobs with the same serial key run one at a time, in enqueue order.",
+    )
+    sequence = models.BigIntegerField(null=True, blank=True, help_text="Position within key.")
+    blocked = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Waits behind a failed earlier job of its serial key.",
+    )
+    blocking = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Failed while later jobs of its serial key wait behind it.",
+    )
     cancel_requested = models.BooleanField(
         default=False, db_default=False, help_text="An operator asked the running job to stop."
     )
@@ -137,12 +200,19 @@ class Job(EngineRow):
         permissions = (
             ("retry_job", "Can retry failed jobs"),
             ("cancel_job", "Can cancel jobs"),
+            ("skip_job", "Can skip failed jobs (releases their serial key)"),
         )
         indexes = (
             models.Index(
                 fields=("queue_name", "-priority", "available_at", "id"),
-                condition=Q(state="READY"),
+                condition=Q(state="READY", blocked=False),
                 name="outbox_job_due_idx",
+            ),
+            models.Index(
+                fields=("serial_key", "sequence"),
+                condition=Q(serial_key__isnull=False)
+                & (Q(state__in=("READY", "RUNNING")) | Q(blocking=True)),
+                name="outbox_job_key_open_idx",
             ),
             models.Index(
                 fields=("locked_until",), condition=Q(state="RUNNING"), name="outbox_job_lease_idx"
@@ -166,3 +236,22 @@ class Job(EngineRow):
 
     def __str__(self) -> str:
         return f"{self.task_path} [{self.state}] {self.result_id}"
+
+
+class JobKey(models.Model):
+    """Last sequence number handed out per serial key (and whether the key is parked)."""
+
+    serial_key = models.CharField(max_length=255, unique=True)
+    last_sequence = models.BigIntegerField(default=0)
+    blocked = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="A job of this key failed: new ones are enqueued parked.",
+    )
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_job_key"
+
+    def __str__(self) -> str:
+        return f"{self.serial_key} @ {self.last_sequence}"

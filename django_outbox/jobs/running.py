@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from django_outbox import signals
 from django_outbox.engine import clock, heartbeat, triggers
-from django_outbox.engine.part import Outcomes, Part, register
+from django_outbox.engine.part import KeyOrdering, Outcomes, Part, register
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
-from django_outbox.jobs.models import JOB_LIFECYCLE, Job, JobState
+from django_outbox.jobs.models import JOB_LIFECYCLE, Job, JobKey, JobState
 
 logger = logging.getLogger("django_outbox.jobs")
 
@@ -65,6 +65,13 @@ class Running(Part):
     model = Job
     lifecycle = JOB_LIFECYCLE
     extends_leases = True
+    ordering = KeyOrdering(
+        key_fields=("serial_key",),
+        sequence_field="sequence",
+        blocking_states=(JobState.READY, JobState.RUNNING),
+        counter=JobKey,
+        flag_blocks=True,
+    )
 
     def __init__(self, *, queues: Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(**options)
@@ -76,7 +83,7 @@ class Running(Part):
 
     def due(self) -> models.QuerySet[Any]:
         due = Job.objects.using(self.using).filter(
-            state=JobState.READY, available_at__lte=self.now()
+            state=JobState.READY, available_at__lte=self.now(), blocked=False
         )
         if self.queues is not None:
             due = due.filter(queue_name__in=self.queues)
@@ -105,16 +112,19 @@ class Running(Part):
         Stops starting jobs after ``BATCH_SECONDS`` (or at the lease deadline):
         the jobs not started go back, unattempted, for any worker to take.
         """
-        ordered = sorted(rows, key=lambda r: (-r.priority, r.available_at, r.pk))
+        ordered = in_running_order(rows)
         self.worker = str(heartbeat.current_worker_id() or _process_name())
         started = time.monotonic()
         stop_at = min(deadline, started + BATCH_SECONDS)
         group: Outcomes = {}
         group_started = started
+        failed_keys: set[str] = set()
         for index, row in enumerate(ordered):
             now = time.monotonic()
             if index and now >= stop_at:
                 break
+            if row.serial_key is not None and row.serial_key in failed_keys:
+                continue  # behind a failed job of its key: goes back, unattempted
             if group and now - group_started >= GROUP_SECONDS:
                 yield group
                 group = {}
@@ -122,7 +132,9 @@ class Running(Part):
                 group_started = now
                 group_time = timezone.now()
             self._started[row.pk] = group_time
-            group[row.pk] = self.run_one(row)
+            group[row.pk] = outcome = self.run_one(row)
+            if outcome is not None and row.serial_key is not None:
+                failed_keys.add(row.serial_key)
             if len(group) >= GROUP_SIZE:
                 yield group
                 group = {}
@@ -256,6 +268,20 @@ class Running(Part):
 
 
 register(Running)
+
+
+def in_running_order(rows: Sequence[Job]) -> list[Job]:
+    """*rows* by priority (highest first), then due time; the jobs of one serial key
+    keep their sequence order among the places their key takes."""
+    ordered = sorted(rows, key=lambda r: (-r.priority, r.available_at, r.pk))
+    by_key: dict[str, list[Job]] = {}
+    for row in ordered:
+        if row.serial_key is not None:
+            by_key.setdefault(row.serial_key, []).append(row)
+    queues = {
+        key: iter(sorted(keyed, key=lambda r: r.sequence or 0)) for key, keyed in by_key.items()
+    }
+    return [next(queues[r.serial_key]) if r.serial_key is not None else r for r in ordered]
 
 
 def _route(queue: str) -> tuple[dict[str, Any], dict[str, Any]]:

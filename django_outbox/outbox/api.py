@@ -8,11 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.db import OperationalError, connections, router, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from django_outbox.conf import get_settings
-from django_outbox.engine import clock, triggers
+from django_outbox.engine import clock, ordering, triggers
 from django_outbox.engine.insert import fast_insert
 from django_outbox.engine.retry import is_transient
 from django_outbox.exceptions import KeyConflict, PayloadTooLarge
@@ -157,7 +156,7 @@ def next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
     that surfaces as ``KeyConflict``, which says so and what to do.
     """
     try:
-        return _next_sequence(db, destination, key)
+        return ordering.next_sequence(db, OutboxKey, {"destination": destination, "key": key})
     except OperationalError as exc:
         if not is_transient(exc):
             raise
@@ -181,48 +180,3 @@ def next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
             f"send(key={key!r}) to {destination!r} failed: {why}; the transaction was "
             f"aborted and cannot be used further. {advice}"
         ) from exc
-
-
-def _next_sequence(db: str, destination: str, key: str) -> tuple[int, bool]:
-    connection = connections[db]
-    if connection.features.can_return_columns_from_insert and connection.vendor in (
-        "postgresql",
-        "sqlite",
-    ):
-        q = connection.ops.quote_name
-        table, last = q(OutboxKey._meta.db_table), q("last_sequence")
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}, {q('blocked')}) "
-                "VALUES (%s, %s, 1, %s) "
-                f"ON CONFLICT ({q('destination')}, {q('key')}) DO UPDATE "
-                f"SET {last} = {table}.{last} + 1 RETURNING {last}, {q('blocked')}",
-                [destination, key, False],
-            )
-            sequence, blocked = cursor.fetchone()
-            return int(sequence), bool(blocked)
-    if connection.vendor == "mysql":
-        q = connection.ops.quote_name
-        table, last = q(OutboxKey._meta.db_table), q("last_sequence")
-        where = f"{q('destination')} = %s AND {q('key')} = %s"
-        with connection.cursor() as cursor:
-            # The upsert locks the counter row until commit; the SELECT in the
-            # same transaction reads the value this transaction wrote.
-            cursor.execute(
-                f"INSERT INTO {table} ({q('destination')}, {q('key')}, {last}, {q('blocked')}) "
-                f"VALUES (%s, %s, 1, %s) ON DUPLICATE KEY UPDATE {last} = {last} + 1",
-                [destination, key, False],
-            )
-            cursor.execute(
-                f"SELECT {last}, {q('blocked')} FROM {table} WHERE {where}", [destination, key]
-            )
-            sequence, blocked = cursor.fetchone()
-            return int(sequence), bool(blocked)
-    counters = OutboxKey.objects.using(db)
-    row, created = counters.select_for_update().get_or_create(
-        destination=destination, key=key, defaults={"last_sequence": 1}
-    )
-    if created:
-        return 1, False
-    counters.filter(pk=row.pk).update(last_sequence=F("last_sequence") + 1)
-    return row.last_sequence + 1, row.blocked

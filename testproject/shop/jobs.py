@@ -60,9 +60,20 @@ def send_email(to):
 
 @task()
 def slow(order_ref, seconds, marker=""):
-    """Writes *marker* when it starts (crash tests kill it mid-job), then sleeps."""
-    if marker:
-        Path(marker).write_text(str(os.getpid()))
-    time.sleep(seconds)
+    """Sleeps *seconds*, then records a Payment. With *marker*: only the first run
+    sleeps, writing the marker as it starts (crash tests kill it there)."""
+    if not marker or not Path(marker).exists():
+        if marker:
+            Path(marker).write_text(str(os.getpid()))
+        time.sleep(seconds)
     Payment.objects.create(order_ref=order_ref, status="slow")
     return order_ref
+
+
+@task(serial_key="order-{order}", max_attempts=1)
+def order_step(order, step, fail=False):
+    """Steps of one order run one at a time, in order; a failed step holds its order."""
+    Payment.objects.create(order_ref=f"{order}:{step}", status="step")
+    if fail:
+        raise RuntimeError(f"step {step} of {order} failed")
+    return step

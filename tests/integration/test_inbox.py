@@ -304,7 +304,7 @@ def test_inbox_requeue_by_type_with_a_dry_run_first():
     assert InboxMessage.objects.filter(state=InboxState.HANDLE_ERROR).count() == 4
     out = io.StringIO()
     call_command("inbox_requeue", "--type", "refund.issued", "--batch", "2", stdout=out)
-    assert out.getvalue().strip() == "3 message(s) requeued"
+    assert out.getvalue().splitlines() == ["requeued 2/3", "requeued 3/3", "requeued 3 message(s)"]
     assert InboxMessage.objects.filter(state=InboxState.SHOULD_BE_HANDLED).count() == 3
     with pytest.raises(CommandError, match="at least one of"):
         call_command("inbox_requeue")

@@ -264,3 +264,73 @@ def test_trigger_routing_maps_job_queues_to_celery_queues(configure_outbox):
     assert _route("emails") == ({"queue": "emails"}, {"queue": "emails"})
     configure_outbox(JOBS={"CELERY_QUEUES": {"emails": "mail-workers"}})
     assert _route("emails") == ({"queue": "emails"}, {"queue": "mail-workers"})
+
+
+def steps_done():
+    return list(Payment.objects.order_by("pk").values_list("order_ref", flat=True))
+
+
+def test_serial_jobs_run_one_at_a_time_in_enqueue_order():
+    for step in (1, 2, 3):
+        jobs.order_step.enqueue(order="o1", step=step)
+    jobs.order_step.enqueue(order="o2", step=1)
+    # Only the head of a key can be claimed: a second runner gets the other key.
+    first = Jobs(batch_size=1)
+    rows, lease = first.claim_batch()
+    assert [(r.serial_key, r.sequence) for r in rows] == [("order-o1", 1)]
+    second = Jobs(batch_size=10)
+    other, other_lease = second.claim_batch()
+    assert [(r.serial_key, r.sequence) for r in other] == [("order-o2", 1)]
+    second._run(other, other_lease)
+    first._run(rows, lease)
+    run_all()
+    done = steps_done()
+    assert [ref for ref in done if ref.startswith("o1")] == ["o1:1", "o1:2", "o1:3"]
+    assert Job.objects.filter(state=JobState.SUCCESSFUL).count() == 4
+
+
+def test_a_failed_serial_job_holds_back_only_its_key_until_skipped():
+    jobs.order_step.enqueue(order="a", step=1, fail=True)
+    jobs.order_step.enqueue(order="a", step=2)
+    jobs.order_step.enqueue(order="b", step=1)
+    run_all()
+    head = Job.objects.get(serial_key="order-a", sequence=1)
+    assert (head.state, head.blocking) == (JobState.FAILED, True)
+    waiting = Job.objects.get(serial_key="order-a", sequence=2)
+    assert (waiting.state, waiting.blocked) == (JobState.READY, True)
+    assert Job.objects.get(serial_key="order-b").state == JobState.SUCCESSFUL
+    # Enqueued while the key is held: parked at once.
+    jobs.order_step.enqueue(order="a", step=3)
+    assert Job.objects.get(serial_key="order-a", sequence=3).blocked
+    assert run_all().claimed == 0
+    assert Job.objects.filter(pk=head.pk).skip() == 1
+    run_all()
+    assert [ref for ref in steps_done() if ref.startswith("a")] == ["a:1", "a:2", "a:3"]
+    head.refresh_from_db()
+    assert (head.state, head.resolution, head.blocking) == (JobState.FAILED, "skipped", False)
+
+
+def test_a_failed_serial_job_retried_by_an_operator_runs_before_the_rest():
+    jobs.order_step.enqueue(order="r", step=1, fail=True)
+    jobs.order_step.enqueue(order="r", step=2)
+    run_all()
+    assert Job.objects.filter(serial_key="order-r", sequence=1).retry() == 1
+    run_all()  # fails again: the key is still held
+    assert Job.objects.get(serial_key="order-r", sequence=2).state == JobState.READY
+    Job.objects.filter(serial_key="order-r", sequence=1).update(
+        kwargs={"order": "r", "step": 1, "fail": False}
+    )  # the "fix"
+    Job.objects.filter(serial_key="order-r", sequence=1).retry()
+    run_all()
+    assert [ref for ref in steps_done() if ref.startswith("r")] == ["r:1", "r:1", "r:1", "r:2"]
+    assert Job.objects.filter(serial_key="order-r", state=JobState.SUCCESSFUL).count() == 2
+
+
+def test_cancelling_a_parked_key_s_head_releases_the_rest():
+    jobs.order_step.enqueue(order="c", step=1, fail=True)
+    jobs.order_step.enqueue(order="c", step=2)
+    run_all()
+    Job.objects.filter(serial_key="order-c", sequence=1).retry()
+    assert Job.objects.filter(serial_key="order-c", sequence=1).cancel() == 1
+    run_all()
+    assert Job.objects.get(serial_key="order-c", sequence=2).state == JobState.SUCCESSFUL

@@ -1,0 +1,214 @@
+"""Admin for background jobs: Django's statuses, arguments, results and each attempt's
+traceback; guarded and logged retry and cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html, format_html_join
+
+from django_outbox.admin.shared import (
+    AttemptsFilter,
+    EstimatedCountPaginator,
+    HasErrorFilter,
+    OperatorActions,
+    ReadOnlyRows,
+    pretty_json,
+    pretty_text,
+    short_error,
+)
+from django_outbox.jobs.models import Job, JobState
+
+
+def _retry(rows: Any) -> int:
+    return int(rows.retry())
+
+
+def _cancel(rows: Any) -> int:
+    return int(rows.cancel())
+
+
+def _skip(rows: Any) -> int:
+    return int(rows.skip())
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """The queues jobs were enqueued on (a small, distinct set)."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        from django_outbox.jobs import compat
+
+        queues: set[str] = set()
+        for backend in compat.task_backends.all():
+            queues |= set(getattr(backend, "queues", ()) or ())
+        return [(q, q) for q in sorted(queues or {"default"})]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(queue_name=value) if value else queryset
+
+
+@admin.register(Job)
+class JobAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
+    part_name = "jobs"
+    operator_noun = "job"
+    confirmed_verbs = ("cancel", "skip")
+    list_display = (
+        "id",
+        "task_path",
+        "state",
+        "queue_name",
+        "priority",
+        "attempts",
+        "error",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = (
+        "state",
+        QueueFilter,
+        HasErrorFilter,
+        AttemptsFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
+    search_fields = ("=result_id", "^task_path", "=unique_key")
+    search_help_text = "A result id or unique key (exact), or the start of a task path."
+    list_per_page = 100
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    actions = ("retry_jobs", "cancel_jobs", "skip_jobs")
+    fieldsets = (
+        (None, {"fields": ("result_id", "task_path", "state", "resolution")}),
+        ("Call", {"fields": ("args_pretty", "kwargs_pretty", "queue_name", "priority")}),
+        (
+            "Options",
+            {
+                "fields": (
+                    "max_attempts",
+                    "unique_key",
+                    "serial_key",
+                    "sequence",
+                    "blocked",
+                    "blocking",
+                    "cancel_requested",
+                )
+            },
+        ),
+        (
+            "Runs",
+            {
+                "fields": (
+                    "attempts",
+                    "available_at",
+                    "return_value_pretty",
+                    "last_error_pretty",
+                    "attempt_errors",
+                    "workers",
+                    "created_at",
+                    "started_at",
+                    "last_attempted_at",
+                    "finished_at",
+                )
+            },
+        ),
+    )
+    readonly_fields = tuple(str(name) for _, section in fieldsets for name in section["fields"])
+
+    @admin.display(description="args")
+    def args_pretty(self, obj: Job) -> str:
+        return pretty_json(obj.args)
+
+    @admin.display(description="kwargs")
+    def kwargs_pretty(self, obj: Job) -> str:
+        return pretty_json(obj.kwargs)
+
+    @admin.display(description="return value")
+    def return_value_pretty(self, obj: Job) -> str:
+        return pretty_json(obj.return_value) if obj.state == JobState.SUCCESSFUL else "—"
+
+    @admin.display(description="last error")
+    def last_error_pretty(self, obj: Job) -> str:
+        return pretty_text(obj.last_error)
+
+    @admin.display(description="errors, one per failed attempt")
+    def attempt_errors(self, obj: Job) -> str:
+        if not obj.errors:
+            return "—"
+        return format_html_join(
+            "",
+            "<p><strong>attempt {} · {}</strong> ({})</p>{}",
+            (
+                (
+                    e.get("attempt", "?"),
+                    e.get("exception_class_path", ""),
+                    e.get("worker_id", ""),
+                    pretty_text(str(e.get("traceback", ""))),
+                )
+                for e in obj.errors
+            ),
+        )
+
+    @admin.display(description="workers, one per attempt")
+    def workers(self, obj: Job) -> str:
+        return format_html("{}", ", ".join(str(w) for w in obj.worker_ids or []) or "—")
+
+    @admin.display(description="last error")
+    def error(self, obj: Job) -> str:
+        return short_error(obj.last_error)
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.retry_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.cancel_job")
+
+    def has_skip_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.skip_job")
+
+    @admin.action(
+        description="Retry selected failed jobs (FAILED → READY, attempts reset)",
+        permissions=["retry"],
+    )
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        return self.apply_operator_action(
+            request,
+            queryset,
+            verb="retry",
+            past="retried",
+            allowed=(JobState.FAILED,),
+            apply=_retry,
+        )
+
+    @admin.action(
+        description="Cancel selected jobs… (READY ones never run; RUNNING ones are asked to stop)",
+        permissions=["cancel"],
+    )
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        return self.apply_operator_action(
+            request,
+            queryset,
+            verb="cancel",
+            past="cancelled",
+            allowed=(JobState.READY,),
+            apply=_cancel,
+        )
+
+    @admin.action(
+        description="Skip selected failed jobs… (their serial key's later jobs may run)",
+        permissions=["skip"],
+    )
+    def skip_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        return self.apply_operator_action(
+            request,
+            queryset,
+            verb="skip",
+            past="skipped",
+            allowed=(JobState.FAILED,),
+            apply=_skip,
+        )

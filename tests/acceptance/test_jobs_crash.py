@@ -1,0 +1,163 @@
+"""Jobs under crashes, with real processes and SIGKILL: a committed job runs even if
+its enqueuer dies before the trigger; a job whose worker dies runs again within
+seconds; a long job keeps its lease; two workers never run one job twice."""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from django_outbox.engine import triggers
+from django_outbox.jobs.maintenance import sweep
+from django_outbox.jobs.models import Job, JobState
+from testproject.shop import jobs
+from testproject.shop.models import Payment
+from tests.acceptance.helpers import stop, wait_for
+from tests.conftest import ROOT, spawn_manage, subprocess_env
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.row_locks,
+    pytest.mark.processes,
+]
+
+#: An enqueuer that dies with SIGKILL right after its commit, before the on-commit
+#: trigger of the job could be sent (its own on-commit callback runs first).
+ENQUEUE_AND_DIE = textwrap.dedent(
+    """
+    import os, signal
+    import django
+    django.setup()
+    from django.db import transaction
+    from testproject.shop import jobs
+    from testproject.shop.models import Order
+    with transaction.atomic():
+        transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
+        order = Order.objects.create(customer="dies", total_cents=100)
+        jobs.record_payment.enqueue(f"order-{order.pk}")
+    raise SystemExit("unreachable: the process was killed at its commit")
+    """
+)
+
+
+def jobs_worker(*args, **env):
+    return spawn_manage(
+        "jobs_worker", "--json", "--interval", "0.1", *args, env=subprocess_env(**env)
+    )
+
+
+@pytest.mark.redis
+def test_a_job_committed_by_a_process_killed_before_its_trigger_is_run_by_the_sweep(
+    configure_outbox, queue_name, monkeypatch
+):
+    configure_outbox(DISPATCH="celery", DISPATCH_IN_BACKGROUND=False)
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="testproject.settings")
+    enqueuer = subprocess.run(
+        [sys.executable, "-c", ENQUEUE_AND_DIE], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert enqueuer.returncode == -signal.SIGKILL, enqueuer.stderr
+    job = Job.objects.get()
+    assert job.state == JobState.READY  # committed, never triggered
+    assert not Payment.objects.exists()
+    # A real Celery worker on a queue of its own (the test broker may hold stale
+    # triggers of other tests); the sweep (beat's sweep_jobs) wakes it.
+    monkeypatch.setitem(triggers.ROUTES, "jobs", lambda q: ({"queue": q}, {"queue": queue_name}))
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", "testproject", "worker", "--pool=solo"),
+            *("-Q", queue_name, "--without-heartbeat", "--without-gossip", "--without-mingle"),
+            *("-l", "WARNING"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert sweep()["woken_queues"] == ["default"]
+        wait_for(
+            lambda: Job.objects.filter(state=JobState.SUCCESSFUL).exists(),
+            timeout=60,
+            what="the Celery worker to run the swept job",
+        )
+    finally:
+        output = stop(worker)
+    assert Payment.objects.count() == 1, output
+    assert Job.objects.get().attempts == 1
+
+
+def test_a_worker_killed_mid_job_is_rescued_within_seconds_and_the_job_runs_again(tmp_path):
+    marker = tmp_path / "started"
+    result = jobs.slow.enqueue("killed-mid-job", 60, str(marker))
+    doomed = jobs_worker()
+    try:
+        wait_for(marker.exists, timeout=60, what="the job to start")
+        job = Job.objects.get()
+        assert job.state == JobState.RUNNING
+        assert job.claimed_by is not None
+    finally:
+        stop(doomed, signal.SIGKILL)
+    killed_at = time.monotonic()
+    survivor = jobs_worker()
+    try:
+        wait_for(
+            lambda: Job.objects.filter(state=JobState.SUCCESSFUL).exists(),
+            timeout=60,
+            what="the survivor to run the rescued job",
+        )
+        took = time.monotonic() - killed_at
+    finally:
+        stop(survivor)
+    result.refresh()
+    assert result.status == "SUCCESSFUL"
+    assert result.attempts == 2  # the killed attempt counted
+    assert result.worker_ids[0] == "(lost)"
+    assert [e.exception_class_path for e in result.errors] == ["django_outbox.jobs.WorkerLost"]
+    assert Payment.objects.filter(order_ref="killed-mid-job").count() == 1
+    assert result.return_value == "killed-mid-job"
+    # Heartbeat timeout (3 s) plus a poll, not a 60 s lease.
+    assert took < 15, f"rescued after {took:.1f}s"
+
+
+def test_a_long_job_keeps_its_lease_while_its_worker_lives(configure_outbox, tmp_path):
+    configure_outbox(JOBS={"LEASE_SECONDS": 1.0})
+    result = jobs.slow.enqueue("long", 4)
+    worker = jobs_worker()
+    try:
+        deadline = time.monotonic() + 30
+        while not result.is_finished and time.monotonic() < deadline:
+            sweep()  # would take the job back if its lease had run out
+            time.sleep(0.3)
+            result.refresh()
+    finally:
+        output = stop(worker)
+    assert result.status == "SUCCESSFUL", output
+    assert result.attempts == 1
+    assert Payment.objects.filter(order_ref="long").count() == 1
+
+
+def test_two_workers_share_the_jobs_and_run_each_once():
+    count = 400
+    results = [jobs.record_payment.enqueue(f"shared-{n}") for n in range(count)]
+    workers = [jobs_worker("--batch", "20") for _ in range(2)]
+    try:
+        wait_for(
+            lambda: Job.objects.filter(state=JobState.SUCCESSFUL).count() == count,
+            timeout=120,
+            what="two workers to run every job",
+        )
+    finally:
+        outputs = [stop(w) for w in workers]
+    assert Payment.objects.count() == count
+    assert Payment.objects.values("order_ref").distinct().count() == count
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    assert sum(s["done"] for s in summaries) == count
+    assert all(s["done"] > 0 for s in summaries), summaries  # both took a share
+    assert {len(r.worker_ids) for r in [jobs.record_payment.get_result(x.id) for x in results]} == {
+        1
+    }
