@@ -2,7 +2,7 @@
 
 from django_outbox.engine.models import SweepMark, Worker
 from django_outbox.inbox.models import InboxCursor, InboxMessage, InboxState
-from django_outbox.jobs.models import Job, JobKey, JobState
+from django_outbox.jobs.models import Job, JobBatch, JobKey, JobState
 from django_outbox.outbox.models import OutboxKey, OutboxMessage, OutboxState
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "InboxMessage",
     "InboxState",
     "Job",
+    "JobBatch",
     "JobKey",
     "JobState",
     "OutboxKey",

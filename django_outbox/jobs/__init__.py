@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from django_outbox.jobs.backend import JobArgumentsError, JobsBackend, JobTask
 
-__all__ = ["JobArgumentsError", "JobTask", "JobsBackend", "cancel_requested"]
+__all__ = ["JobArgumentsError", "JobTask", "JobsBackend", "batch", "cancel_requested"]
 
 
 def cancel_requested(result_id: Any, *, using: str | None = None) -> bool:
@@ -24,6 +24,14 @@ def cancel_requested(result_id: Any, *, using: str | None = None) -> bool:
 
     db = using or router.db_for_read(Job)
     return Job.objects.using(db).filter(result_id=str(result_id), cancel_requested=True).exists()
+
+
+def batch(on_finish: Any = None, *, using: str | None = None, **kwargs: Any) -> Any:
+    """Group the jobs enqueued in a ``with`` block; *on_finish* runs once when all have
+    finished (see ``django_outbox.jobs.batches``)."""
+    from django_outbox.jobs.batches import batch as open_batch
+
+    return open_batch(on_finish, using=using, **kwargs)
 
 
 def __getattr__(name: str) -> Any:

@@ -169,6 +169,15 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
         db = self.database or router.db_for_write(Job)
         if task.run_after is not None:
             row["available_at"] = task.run_after
+        from django_outbox.jobs import batches
+
+        opened = batches.current()
+        if opened is not None:
+            if opened.using != db:
+                raise JobArgumentsError(
+                    f"the open batch is on database {opened.using!r}, this job on {db!r}"
+                )
+            row["batch_id"] = opened.row.pk
         if row["serial_key"] is not None and not connections[db].in_atomic_block:
             # The key counter's row lock must last until the job row commits.
             with transaction.atomic(using=db):
@@ -190,6 +199,12 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
             job = _insert_unique(db, row)
             if job.result_id != row["result_id"]:
                 return to_result(job, task=task, backend=self.alias)  # the existing one
+        if "batch_id" in row:
+            from django_outbox.jobs import batches
+
+            opened = batches.current()
+            assert opened is not None
+            opened.count += 1
         triggers.schedule(f"jobs:{job.queue_name}", db, job.pk)
         result = to_result(job, task=task, backend=self.alias)
         _signal("task_enqueued", result)
@@ -270,7 +285,7 @@ _VARYING = (
     "serial_key",
 )
 #: Fields an enqueue sets only sometimes (``run_after``; a serial key's place).
-_OPTIONAL = ("available_at", "sequence", "blocked")
+_OPTIONAL = ("available_at", "sequence", "blocked", "batch_id")
 
 
 def key_of(task: JobTask, name: str, args: list[Any], kwargs: dict[str, Any]) -> str | None:

@@ -8,17 +8,20 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.engine import sweeps, triggers
+from django_outbox.jobs import batches
 from django_outbox.jobs.models import Job, JobState
 from django_outbox.jobs.running import Running
 
 
 def sweep(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """One pass: rescue RUNNING jobs whose lease expired (dead workers' jobs come back
-    sooner, through the heartbeats), then send one trigger per queue that has due
+    sooner, through the heartbeats), complete batches whose last finisher died
+    before enqueuing their callback, then send one trigger per queue that has due
     jobs, so each queue's own workers run them (a lost trigger, a retry that came
     due, a ``run_after`` that passed). Returns what it did."""
     part = Running(using=using)
     rescued = sweeps.rescue_stuck(part)
+    completed = batches.sweep(using)
     queues = sorted(
         Job.objects.using(using)
         .filter(state=JobState.READY, available_at__lte=part.now())
@@ -27,7 +30,12 @@ def sweep(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     )
     for queue in queues:
         triggers.dispatch(f"jobs:{queue}", using, [])
-    return {"rescued": rescued.resent, "held": rescued.held, "woken_queues": queues}
+    return {
+        "rescued": rescued.resent,
+        "held": rescued.held,
+        "batches_completed": completed,
+        "woken_queues": queues,
+    }
 
 
 def purge(*, using: str = DEFAULT_DB_ALIAS) -> int:

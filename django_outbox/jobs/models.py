@@ -14,6 +14,7 @@ from datetime import datetime
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from django_outbox.engine import clock
 from django_outbox.engine.models import EngineRow
@@ -112,6 +113,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             self.filter(state=JobState.RUNNING).update(cancel_requested=True)
             ready = self.filter(state=JobState.READY)
             heads = list(ready.filter(serial_key__isnull=False).only("serial_key", "sequence"))
+            batched = list(ready.filter(batch__isnull=False).only("pk"))
             count = ready.update(
                 state=JobState.FAILED,
                 resolution=Resolution.CANCELLED,
@@ -123,6 +125,15 @@ class JobQuerySet(models.QuerySet["Job"]):
                 claimed_by=None,
             )
             _release_keys(self.db, heads)
+            touched = list(
+                Job.objects.using(self.db)
+                .filter(pk__in=[h.pk for h in batched], state=JobState.FAILED)
+                .values_list("batch_id", flat=True)
+            )
+        if touched:
+            from django_outbox.jobs import batches
+
+            batches.complete(self.db, touched)
         return count
 
 
@@ -182,6 +193,15 @@ class Job(EngineRow):
         default=False,
         db_default=False,
         help_text="Failed while later jobs of its serial key wait behind it.",
+    )
+    batch = models.ForeignKey(
+        "JobBatch",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
+        related_name="jobs",
+        help_text="The batch this job belongs to (its callback runs when all have finished).",
     )
     cancel_requested = models.BooleanField(
         default=False, db_default=False, help_text="An operator asked the running job to stop."
@@ -255,3 +275,36 @@ class JobKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.serial_key} @ {self.last_sequence}"
+
+
+class JobBatch(models.Model):
+    """Jobs enqueued together, with a callback job enqueued exactly once when every one
+    of them has finished (SUCCESSFUL, or FAILED for good)."""
+
+    id = models.BigAutoField(primary_key=True)
+    batch_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    total = models.PositiveIntegerField(default=0)
+    callback_path = models.CharField(max_length=255, blank=True, default="")
+    callback_kwargs = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    #: Set, with the counts, by the one transaction that enqueues the callback.
+    finished_at = models.DateTimeField(null=True, blank=True)
+    succeeded = models.PositiveIntegerField(null=True, blank=True)
+    failed = models.PositiveIntegerField(null=True, blank=True)
+    callback_result_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_job_batch"
+        verbose_name = "job batch"
+        verbose_name_plural = "job batches"
+        indexes = (
+            models.Index(
+                fields=("created_at",),
+                condition=Q(finished_at__isnull=True),
+                name="outbox_batch_open_idx",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"batch {self.batch_id} ({self.total} jobs)"

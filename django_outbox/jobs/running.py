@@ -251,6 +251,18 @@ class Running(Part):
     def on_done(self, rows: Sequence[Any]) -> None:
         self.logger.info("ran %d job(s)", len(rows))
         signals.emit(signals.jobs_finished, sender=Running, jobs=list(rows))
+        self._complete_batches(rows)
+
+    def _complete_batches(self, rows: Sequence[Any]) -> None:
+        from django_outbox.jobs import batches
+
+        touched = {row.batch_id for row in rows if row.batch_id is not None}
+        if touched:
+            try:
+                batches.complete(self.using, touched)
+            except Exception:
+                # Recorded all the same; the sweep completes the batch.
+                self.logger.exception("completing batches %s failed; the sweep will", touched)
 
     def on_failed(self, row: Any, error: str, will_retry: bool) -> None:
         outcome = "will retry" if will_retry else "FAILED"
@@ -265,6 +277,8 @@ class Running(Part):
         signals.emit(
             signals.job_failed, sender=Running, job=row, error=error, will_retry=will_retry
         )
+        if not will_retry:
+            self._complete_batches([row])
 
 
 register(Running)

@@ -161,3 +161,52 @@ def test_two_workers_share_the_jobs_and_run_each_once():
     assert {len(r.worker_ids) for r in [jobs.record_payment.get_result(x.id) for x in results]} == {
         1
     }
+
+
+def test_a_batch_across_two_killed_workers_calls_back_exactly_once():
+    from django_outbox.jobs import batch
+    from django_outbox.jobs.models import JobBatch
+
+    total, failing = 1000, 50
+    with batch(on_finish=jobs.batch_done, tag="big") as opened:
+        for n in range(total - failing):
+            jobs.slow.enqueue(f"big-{n}", 0.004)
+        for n in range(failing):
+            jobs.refuses.enqueue(n)
+    workers = [jobs_worker("--batch", "25") for _ in range(2)]
+    kills = 0
+    try:
+        for threshold in (200, 500, 750):
+            wait_for(
+                lambda t=threshold: (
+                    Job.objects.filter(state__in=("SUCCESSFUL", "FAILED")).count() >= t
+                ),
+                timeout=120,
+                what=f"{threshold} jobs to finish",
+            )
+            victim = workers.pop(0)
+            stop(victim, signal.SIGKILL)  # mid-batch: its claimed jobs are rescued
+            kills += 1
+            workers.append(jobs_worker("--batch", "25"))
+        wait_for(
+            lambda: Payment.objects.filter(order_ref="batch:big").exists(),
+            timeout=120,
+            what="the batch's callback to run",
+        )
+        time.sleep(1.5)  # any second callback would be enqueued and run by now
+    finally:
+        for worker in workers:
+            stop(worker)
+    assert kills == 3
+    # The kills landed mid-batch: jobs held by a killed worker were rescued and rerun.
+    assert Job.objects.filter(attempts__gte=2, batch__batch_id=opened.id).exists()
+    row = JobBatch.objects.get(batch_id=opened.id)
+    assert (row.total, row.succeeded, row.failed) == (total, total - failing, failing)
+    callbacks = Payment.objects.filter(order_ref="batch:big")
+    assert list(callbacks.values_list("status", flat=True)) == [
+        f"{total - failing}/{failing}/{total}"
+    ]
+    assert Job.objects.filter(task_path="testproject.shop.jobs.batch_done").count() == 1
+    # Every job of the batch ran (at least once: a killed worker's jobs run again).
+    ran = set(Payment.objects.filter(status="slow").values_list("order_ref", flat=True))
+    assert len(ran) == total - failing

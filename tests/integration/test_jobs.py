@@ -334,3 +334,67 @@ def test_cancelling_a_parked_key_s_head_releases_the_rest():
     assert Job.objects.filter(serial_key="order-c", sequence=1).cancel() == 1
     run_all()
     assert Job.objects.get(serial_key="order-c", sequence=2).state == JobState.SUCCESSFUL
+
+
+def test_a_batch_calls_its_callback_once_with_the_counts():
+    from django_outbox.jobs import batch
+    from django_outbox.jobs.models import JobBatch
+
+    with batch(on_finish=jobs.batch_done, tag="t1") as opened:
+        for n in range(5):
+            jobs.record_payment.enqueue(f"b-{n}")
+        jobs.refuses.enqueue("no")
+    assert opened.count == 6
+    Jobs(batch_size=2).run_batch()  # part of it: not finished, no callback
+    assert not Payment.objects.filter(order_ref="batch:t1").exists()
+    while run_all().claimed:
+        pass
+    row = JobBatch.objects.get()
+    assert (row.total, row.succeeded, row.failed) == (6, 5, 1)
+    assert row.finished_at is not None
+    callback = jobs.batch_done.get_result(str(row.callback_result_id))
+    assert callback.status == "SUCCESSFUL"
+    assert callback.kwargs["batch"] == {"id": opened.id, "total": 6, "succeeded": 5, "failed": 1}
+    assert list(Payment.objects.filter(order_ref="batch:t1").values_list("status", flat=True)) == [
+        "5/1/6"
+    ]
+    from django_outbox.jobs import batches
+
+    assert batches.complete("default", [row.pk]) == 0  # once, whoever asks again
+    assert batches.sweep("default") == 0
+
+
+def test_a_batch_rolled_back_leaves_nothing_and_an_empty_one_calls_back_at_once():
+    from django_outbox.jobs import batch
+    from django_outbox.jobs.models import JobBatch
+
+    with pytest.raises(RuntimeError), batch(on_finish=jobs.batch_done, tag="gone"):
+        jobs.record_payment.enqueue("x")
+        raise RuntimeError("rolled back")
+    assert not JobBatch.objects.exists()
+    assert not Job.objects.exists()
+    with batch(on_finish=jobs.batch_done, tag="empty"):
+        pass
+    run_all()
+    assert Payment.objects.get(order_ref="batch:empty").status == "0/0/0"
+
+
+def test_cancelled_jobs_count_as_failed_and_the_sweep_completes_a_batch():
+    from django_outbox.jobs import batch, batches
+    from django_outbox.jobs.models import JobBatch
+
+    with batch(on_finish=jobs.batch_done, tag="c") as opened:
+        jobs.record_payment.enqueue("c-1")
+        second = jobs.record_payment.enqueue("c-2")
+    Job.objects.filter(result_id=second.id).cancel()
+    run_all()
+    run_all()  # the callback
+    assert Payment.objects.get(order_ref="batch:c").status == "1/1/2"
+    # A finisher that died before completing: the sweep does it.
+    with batch(on_finish=jobs.batch_done, tag="s") as opened:
+        jobs.add.enqueue(1, 1)
+    Job.objects.filter(batch__batch_id=opened.id).update(state=JobState.SUCCESSFUL)
+    assert JobBatch.objects.get(batch_id=opened.id).finished_at is None
+    assert batches.sweep("default") == 1
+    run_all()
+    assert Payment.objects.get(order_ref="batch:s").status == "1/0/1"
