@@ -157,6 +157,9 @@ LOGGING = {
         "django_outbox": {
             "handlers": ["console"],
             "level": os.environ.get("OUTBOX_LOG_LEVEL", "WARNING"),
-        }
+        },
+        # Django logs every task's start and end at INFO (DEBUG is on here).
+        "django.tasks": {"level": "WARNING"},
+        "django_tasks": {"level": "WARNING"},
     },
 }

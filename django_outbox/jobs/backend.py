@@ -54,6 +54,8 @@ class JobTask(compat.Task):  # type: ignore[misc,valid-type,unused-ignore]
       every ``Exception``; ``dont_retry`` wins).
     - ``retry_base_seconds`` / ``retry_max_seconds``: the exponential backoff
       (with jitter) between attempts (default: the section's settings).
+    - ``timeout``: seconds an attempt may run before ``JobTimeout`` (a
+      ``TimeoutError``) is raised in it (see ``django_outbox.jobs.timeouts``).
     - ``unique_key``: while a job with this key is READY or RUNNING, enqueuing
       returns that job's result instead of a new job. A string (formatted with
       the call's keyword arguments, ``"sync-{customer_id}"``) or a callable
@@ -68,6 +70,7 @@ class JobTask(compat.Task):  # type: ignore[misc,valid-type,unused-ignore]
     dont_retry: tuple[type[BaseException], ...] = ()
     retry_base_seconds: float | None = None
     retry_max_seconds: float | None = None
+    timeout: float | None = None
     unique_key: UniqueKey = None
     serial_key: UniqueKey = None
 
@@ -125,7 +128,7 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
                 isinstance(c, type) and issubclass(c, BaseException) for c in value
             ):
                 raise compat.InvalidTask(f"{name} must be a tuple of exception classes")
-        for name in ("retry_base_seconds", "retry_max_seconds"):
+        for name in ("retry_base_seconds", "retry_max_seconds", "timeout"):
             value = getattr(task, name)
             if value is not None and (
                 isinstance(value, bool)

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.utils import timezone
 
 from django_outbox import signals
@@ -27,6 +27,7 @@ from django_outbox.engine.part import KeyOrdering, Outcomes, Part, register
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
 from django_outbox.jobs.models import JOB_LIFECYCLE, Job, JobKey, JobState
+from django_outbox.jobs.timeouts import time_limit
 
 logger = logging.getLogger("django_outbox.jobs")
 
@@ -159,14 +160,20 @@ class Running(Part):
         compat.set_attribute(result, "last_attempted_at", self._started[row.pk])
         _send_task_signal("task_started", result)
         try:
-            if task.takes_context:
-                value = task.call(compat.TaskContext(task_result=result), *row.args, **row.kwargs)
-            else:
-                value = task.call(*row.args, **row.kwargs)
+            with time_limit(
+                getattr(task, "timeout", None), f"job {row.result_id} ({row.task_path})"
+            ):
+                if task.takes_context:
+                    context = compat.TaskContext(task_result=result)
+                    value = task.call(context, *row.args, **row.kwargs)
+                else:
+                    value = task.call(*row.args, **row.kwargs)
             check_json(value, f"the return value of {row.task_path}", "value")
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
+            # A job interrupted in a query (a timeout) may leave its connection broken.
+            connections[self.using].close_if_unusable_or_obsolete()
             retry = task.retries(exc) if hasattr(task, "retries") else isinstance(exc, Exception)
             failure = self._failed(row, exc, retry=retry)
             compat.set_attribute(result, "status", compat.TaskResultStatus.FAILED)

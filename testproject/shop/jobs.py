@@ -86,3 +86,14 @@ def batch_done(batch, tag):
         order_ref=f"batch:{tag}", status=f"{batch['succeeded']}/{batch['failed']}/{batch['total']}"
     )
     return batch
+
+
+@task(timeout=0.5, max_attempts=2, retry_base_seconds=0.1, retry_max_seconds=0.1)
+def too_slow(seconds):
+    time.sleep(seconds)
+    return "finished"
+
+
+@task()
+async def async_add(a, b):
+    return a + b

@@ -3,10 +3,12 @@ its enqueuer dies before the trigger; a job whose worker dies runs again within
 seconds; a long job keeps its lease; two workers never run one job twice."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -16,13 +18,15 @@ from django_outbox.jobs.maintenance import sweep
 from django_outbox.jobs.models import Job, JobState
 from testproject.shop import jobs
 from testproject.shop.models import Payment
-from tests.acceptance.helpers import stop, wait_for
+from tests.acceptance.helpers import stop as stop_process
+from tests.acceptance.helpers import wait_for
 from tests.conftest import ROOT, spawn_manage, subprocess_env
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.row_locks,
     pytest.mark.processes,
+    pytest.mark.jobs,
 ]
 
 #: An enqueuer that dies with SIGKILL right after its commit, before the on-commit
@@ -45,9 +49,28 @@ ENQUEUE_AND_DIE = textwrap.dedent(
 
 
 def jobs_worker(*args, **env):
-    return spawn_manage(
+    """A ``jobs_worker`` whose output is read as it comes (a full pipe would stall it)."""
+    process = spawn_manage(
         "jobs_worker", "--json", "--interval", "0.1", *args, env=subprocess_env(**env)
     )
+    process.lines = []
+
+    def read():
+        for line in process.stdout:
+            process.lines.append(line)
+
+    process.reader = threading.Thread(target=read, daemon=True)
+    process.reader.start()
+    return process
+
+
+def stop(process, sig=signal.SIGTERM, timeout=20):
+    """Signal a worker, wait for it, and return what it printed."""
+    if process.poll() is None:
+        os.kill(process.pid, sig)
+    process.wait(timeout=timeout)
+    process.reader.join(timeout=timeout)
+    return "".join(process.lines)
 
 
 @pytest.mark.redis
@@ -86,7 +109,7 @@ def test_a_job_committed_by_a_process_killed_before_its_trigger_is_run_by_the_sw
             what="the Celery worker to run the swept job",
         )
     finally:
-        output = stop(worker)
+        output = stop_process(worker)
     assert Payment.objects.count() == 1, output
     assert Job.objects.get().attempts == 1
 
@@ -175,6 +198,7 @@ def test_a_batch_across_two_killed_workers_calls_back_exactly_once():
             jobs.refuses.enqueue(n)
     workers = [jobs_worker("--batch", "25") for _ in range(2)]
     kills = 0
+    outputs: list[str] = []
     try:
         for threshold in (200, 500, 750):
             wait_for(
@@ -185,18 +209,33 @@ def test_a_batch_across_two_killed_workers_calls_back_exactly_once():
                 what=f"{threshold} jobs to finish",
             )
             victim = workers.pop(0)
-            stop(victim, signal.SIGKILL)  # mid-batch: its claimed jobs are rescued
+            outputs.append(stop(victim, signal.SIGKILL))  # mid-batch: its jobs are rescued
             kills += 1
             workers.append(jobs_worker("--batch", "25"))
-        wait_for(
-            lambda: Payment.objects.filter(order_ref="batch:big").exists(),
-            timeout=120,
-            what="the batch's callback to run",
-        )
+        try:
+            wait_for(
+                lambda: Payment.objects.filter(order_ref="batch:big").exists(),
+                timeout=120,
+                what="the batch's callback to run",
+            )
+        except AssertionError as exc:
+            outputs.extend(stop(w) for w in workers)
+            states = sorted(Job.objects.values_list("task_path", "state", "attempts"))
+            summary = {(p.rsplit(".", 1)[-1], st): 0 for p, st, _ in states}
+            for p, st, _ in states:
+                summary[(p.rsplit(".", 1)[-1], st)] += 1
+            said = "\n".join(
+                line for out in outputs for line in out.splitlines() if "Task id=" not in line
+            )
+            raise AssertionError(
+                f"{exc}; jobs: {summary}; batch: {list(JobBatch.objects.values())}; "
+                f"the workers said:\n{said[-5000:]}"
+            ) from None
         time.sleep(1.5)  # any second callback would be enqueued and run by now
     finally:
         for worker in workers:
-            stop(worker)
+            if worker.poll() is None:
+                stop(worker)
     assert kills == 3
     # The kills landed mid-batch: jobs held by a killed worker were rescued and rerun.
     assert Job.objects.filter(attempts__gte=2, batch__batch_id=opened.id).exists()

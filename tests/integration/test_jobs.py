@@ -15,7 +15,7 @@ from django_outbox.jobs.running import Jobs
 from testproject.shop import jobs
 from testproject.shop.models import Payment
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.jobs]
 
 
 def run_all(**options):
@@ -398,3 +398,35 @@ def test_cancelled_jobs_count_as_failed_and_the_sweep_completes_a_batch():
     assert batches.sweep("default") == 1
     run_all()
     assert Payment.objects.get(order_ref="batch:s").status == "1/0/1"
+
+
+def test_a_job_over_its_timeout_is_interrupted_and_retried():
+    result = jobs.too_slow.enqueue(5)
+    started = time.monotonic()
+    result = wait_and_run(result, until={"FAILED"})
+    assert time.monotonic() - started < 4  # two attempts of 0.5 s, not two of 5 s
+    assert result.attempts == 2
+    assert [e.exception_class_path for e in result.errors] == [
+        "django_outbox.jobs.timeouts.JobTimeout"
+    ] * 2
+    assert "longer than its timeout of 0.5 s" in result.errors[0].traceback
+    fast = jobs.too_slow.enqueue(0.01)
+    run_all()
+    fast.refresh()
+    assert fast.return_value == "finished"
+
+
+def test_async_tasks_and_aget_result():
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+
+    result = jobs.async_add.enqueue(40, 2)
+    run_all()
+
+    async def fetch():
+        return await jobs.async_add.aget_result(result.id)
+
+    fetched = async_to_sync(fetch)()
+    assert fetched.return_value == 42
+    assert asyncio.iscoroutinefunction(jobs.async_add.func)

@@ -13,7 +13,7 @@ from django_outbox.jobs.models import Job, JobState
 from django_outbox.jobs.running import Jobs
 from testproject.shop import jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.jobs]
 
 CHANGELIST = "admin:django_outbox_job_changelist"
 
