@@ -13,6 +13,7 @@ from celery import Task, shared_task
 from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.engine import heartbeat
+from django_outbox.inbox.tasks import idempotent_task
 
 
 def _in_a_worker(task: Task) -> None:  # type: ignore[type-arg]
@@ -108,12 +109,25 @@ def purge_jobs(using: str = DEFAULT_DB_ALIAS) -> int:
     return purge(using=using)
 
 
+@idempotent_task(  # type: ignore[untyped-decorator]
+    name="django_outbox.enqueue_job", acks_late=True, ignore_result=True
+)
+def enqueue_job(path: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """Beat's tick of a periodic job (``django_outbox.jobs.periodic``): enqueue the task
+    at *path*, once per tick (the tick's task id is recorded with the job)."""
+    from django_outbox.jobs.backend import load_task
+
+    result = load_task(path).enqueue(*args, **kwargs)
+    return str(result.id)
+
+
 # The task other services' outboxes call to deliver into this inbox (registered here
 # so that a worker that imports django_outbox.tasks has it).
 from django_outbox.inbox.consumers.celery import receive_task  # noqa: E402
 
 __all__ = [
     "deliver_messages",
+    "enqueue_job",
     "handle_inbox",
     "purge_inbox",
     "purge_jobs",

@@ -15,4 +15,13 @@ if os.environ.get("TESTPROJECT_SWEEP_SECONDS"):  # the demo sweeps faster than p
     app.conf.beat_schedule["django-outbox-sweep"]["schedule"] = float(
         os.environ["TESTPROJECT_SWEEP_SECONDS"]
     )
+if os.environ.get("TESTPROJECT_PERIODIC_JOB_SECONDS"):  # a periodic job, for its test
+    from django_outbox.jobs.periodic import periodic
+
+    app.conf.beat_schedule["testproject-tick"] = periodic(
+        "testproject.shop.jobs.record_payment",
+        float(os.environ["TESTPROJECT_PERIODIC_JOB_SECONDS"]),
+        args=["tick"],
+        options={"queue": os.environ.get("TESTPROJECT_PERIODIC_QUEUE", "celery")},
+    )
 app.autodiscover_tasks()

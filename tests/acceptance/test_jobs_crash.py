@@ -249,3 +249,44 @@ def test_a_batch_across_two_killed_workers_calls_back_exactly_once():
     # Every job of the batch ran (at least once: a killed worker's jobs run again).
     ran = set(Payment.objects.filter(status="slow").values_list("order_ref", flat=True))
     assert len(ran) == total - failing
+
+
+@pytest.mark.redis
+def test_celery_beat_ticks_enqueue_periodic_jobs_that_a_worker_runs(
+    configure_outbox, queue_name, tmp_path
+):
+    configure_outbox(DISPATCH="celery")
+    env = subprocess_env(
+        TESTPROJECT_PERIODIC_JOB_SECONDS="1",
+        TESTPROJECT_PERIODIC_QUEUE=queue_name,
+        OUTBOX_SETTINGS_JSON=json.dumps(
+            {"DISPATCH": "celery", "JOBS": {"CELERY_QUEUES": {"default": queue_name}}}
+        ),
+    )
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", "testproject", "worker", "-B"),
+            *("--pool=solo", "-Q", queue_name, "-s", str(tmp_path / "beat-schedule")),
+            *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: Payment.objects.filter(order_ref="tick").count() >= 3,
+            timeout=60,
+            what="three ticks' jobs to run",
+        )
+    finally:
+        output = stop_process(worker)
+    ticks = Job.objects.filter(task_path="testproject.shop.jobs.record_payment")
+    assert ticks.filter(state=JobState.SUCCESSFUL).count() >= 3, output
+    from django_outbox.models import InboxMessage
+
+    # One job per tick: each tick's task id is recorded once, with its job.
+    recorded = InboxMessage.objects.filter(type="django_outbox.enqueue_job").count()
+    assert recorded == ticks.count()
