@@ -142,6 +142,11 @@ TASKS = {
     }
 }
 
+# The jobs benchmark runs django-tasks-db's db_worker beside ours (a peer, not a dependency).
+if os.environ.get("TESTPROJECT_PEER_TASKS_DB"):
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS["peer"] = {"BACKEND": "django_tasks_db.DatabaseBackend"}
+
 # Tests and the demo hand a whole DJANGO_OUTBOX to subprocesses as JSON.
 if os.environ.get("OUTBOX_SETTINGS_JSON"):
     import json

@@ -10,6 +10,7 @@ worker's rows be rescued as soon as its heartbeat stops.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -277,30 +278,36 @@ def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, 
     outgrows the database's parameter limit. Only rows that *queryset* still
     matches are changed; returns how many. Callers wrap it in a transaction.
     """
-    groups: dict[tuple[tuple[str, Any], ...], list[Any]] = {}
+    groups: dict[tuple[tuple[str, Any], ...], tuple[Mapping[str, Any], list[Any]]] = {}
     singles: dict[Any, Mapping[str, Any]] = {}
     for pk, row in values.items():
         try:
-            signature = tuple(sorted(row.items()))
+            signature = tuple(sorted((name, _comparable(v)) for name, v in row.items()))
             hash(signature)
         except TypeError:  # an expression: cannot be compared, give it a CASE of its own
             singles[pk] = row
             continue
-        groups.setdefault(signature, []).append(pk)
+        groups.setdefault(signature, (row, []))[1].append(pk)
     updated = 0
-    for signature, ids in groups.items():
+    for row, ids in groups.values():
         if len(ids) == 1:
-            singles[ids[0]] = dict(signature)
+            singles[ids[0]] = row
             continue
         for start in range(0, len(ids), UPDATE_CHUNK * 10):
-            updated += with_ids(queryset, ids[start : start + UPDATE_CHUNK * 10]).update(
-                **dict(signature)
-            )
+            updated += with_ids(queryset, ids[start : start + UPDATE_CHUNK * 10]).update(**row)
     pks = list(singles)
     for start in range(0, len(pks), UPDATE_CHUNK):
         chunk = {pk: singles[pk] for pk in pks[start : start + UPDATE_CHUNK]}
         updated += _update_case(queryset, chunk)
     return updated
+
+
+def _comparable(value: Any) -> Any:
+    """*value*, or for JSON lists and dicts their canonical text (rows that set equal
+    JSON values share an UPDATE)."""
+    if isinstance(value, list | dict):
+        return ("json", json.dumps(value, sort_keys=True, default=str))
+    return value
 
 
 def _update_case(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, Any]]) -> int:

@@ -97,3 +97,9 @@ def too_slow(seconds):
 @task()
 async def async_add(a, b):
     return a + b
+
+
+@task()
+def bench_noop():
+    """The jobs benchmark's no-op job."""
+    return None

@@ -1,0 +1,400 @@
+"""Background jobs: throughput against Celery and django-tasks-db, enqueue cost, latency.
+
+    python -m tests.benchmarks.jobs --jobs 20000 --repeat 3
+
+Side by side in one run, on PostgreSQL (a database of its own) and Redis:
+
+- **throughput** of no-op jobs, pre-enqueued: our ``jobs_worker`` with 1 and
+  with 2 processes; a plain Celery worker (solo pool, Redis broker) draining
+  the same number of no-op Celery tasks (the usual hand-rolled job queue);
+  django-tasks-db's ``db_worker`` (one process). Rate = jobs from the first
+  job started to the last one finished (steady state: process start-up is
+  left out for everyone; the wall-clock figure with start-up is printed too);
+- **enqueue** inside a business transaction (an ``Order`` row and one
+  ``enqueue``) against the same transaction with a bare ``INSERT`` of the job
+  row, and against Celery's ``delay_on_commit`` (Redis);
+- **enqueue → start latency** at a steady offered rate: producer processes
+  commit one enqueue per transaction; one ``jobs_worker`` woken by NOTIFY
+  starts them; latency = the job's ``started_at`` minus its ``created_at``
+  (one host, one clock).
+
+Prints Markdown tables of medians and ratios; targets are reported as met
+or missed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import date
+from pathlib import Path
+
+BENCH_DB = os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_outbox_jobs_bench"
+)
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
+ROOT = Path(__file__).resolve().parents[2]
+QUEUE = "jobs-bench"
+NOOP = "testproject.shop.jobs.bench_noop"
+SETTINGS = {"DISPATCH": "none"}
+
+os.environ["DATABASE_URL"] = BENCH_DB
+os.environ["CELERY_BROKER_URL"] = REDIS_URL
+os.environ["TESTPROJECT_PEER_TASKS_DB"] = "1"
+os.environ["OUTBOX_SETTINGS_JSON"] = json.dumps(SETTINGS)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+
+def setup_django() -> None:
+    import psycopg
+
+    name = BENCH_DB.rsplit("/", 1)[1]
+    admin = BENCH_DB.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OUTBOX_LOG_LEVEL": "ERROR", **extra}
+
+
+def truncate() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "TRUNCATE django_outbox_job, django_outbox_job_key, django_outbox_job_batch, "
+            "django_tasks_database_dbtaskresult, shop_order"
+        )
+
+
+def fill(count: int) -> None:
+    """*count* READY no-op jobs, inserted in bulk (the enqueue cost is measured apart)."""
+    from django.utils import timezone
+
+    from django_outbox.jobs.models import Job
+
+    now = timezone.now()
+    Job.objects.bulk_create(
+        (
+            Job(
+                result_id=uuid.uuid4(),
+                task_path=NOOP,
+                args=[],
+                kwargs={},
+                max_attempts=1,
+                created_at=now,
+                available_at=now,
+            )
+            for _ in range(count)
+        ),
+        batch_size=2000,
+    )
+
+
+def steady_rate(count: int, first_start, last_finish) -> float:
+    return count / max((last_finish - first_start).total_seconds(), 1e-6)
+
+
+def bench_ours(count: int, processes: int) -> tuple[float, float]:
+    from django.db.models import Max, Min
+
+    from django_outbox.jobs.models import Job, JobState
+
+    truncate()
+    fill(count)
+    command = [sys.executable, "manage.py", "jobs_worker", "--until-empty", "--no-listen"]
+    command += ["--json", "--interval", "0.05"]
+    started = time.perf_counter()
+    children = [
+        subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL)
+        for _ in range(processes)
+    ]
+    for child in children:
+        child.wait(timeout=900)
+    wall = count / (time.perf_counter() - started)
+    done = Job.objects.filter(state=JobState.SUCCESSFUL).count()
+    if done != count:
+        raise RuntimeError(f"jobs_worker ran {done} of {count} jobs")
+    span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    return steady_rate(count, span["first"], span["last"]), wall
+
+
+def bench_celery(count: int) -> tuple[float, float]:
+    """A plain Celery worker (solo pool) draining *count* no-op tasks from Redis."""
+    import redis
+
+    from testproject.celery import app
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    with app.connection_for_write(REDIS_URL) as connection:
+        producer = app.amqp.Producer(connection)
+        for _ in range(count):
+            app.send_task("shop.bench_noop", producer=producer, queue=QUEUE, retry=False)
+    command = [
+        *(sys.executable, "-m", "celery", "-A", "testproject", "worker", "--pool=solo"),
+        *("-Q", QUEUE, "--prefetch-multiplier", "100", "--without-heartbeat"),
+        *("--without-gossip", "--without-mingle", "-l", "ERROR"),
+    ]
+    env = child_env(TESTPROJECT_BENCH_REDIS=REDIS_URL)
+    started = time.perf_counter()
+    worker = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        first_at = first_count = None
+        while True:
+            done = int(client.get("bench-noop") or 0)
+            now = time.perf_counter()
+            if done and first_at is None:
+                first_at, first_count = now, done
+            if done >= count:
+                break
+            if worker.poll() is not None:
+                raise RuntimeError("the Celery worker exited early")
+            time.sleep(0.005)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    assert first_at is not None and first_count is not None
+    steady = (count - first_count) / max(now - first_at, 1e-6)
+    return steady, count / (now - started)
+
+
+def bench_db_worker(count: int) -> tuple[float, float]:
+    """django-tasks-db's ``db_worker`` (one process) draining *count* no-op tasks."""
+    from django.db.models import Max, Min
+    from django_tasks_db.models import DBTaskResult
+
+    from tests.benchmarks.peer_tasks import peer_noop
+
+    truncate()
+    for _ in range(count):
+        peer_noop.enqueue()
+    command = [sys.executable, "manage.py", "db_worker", "--backend", "peer", "--batch"]
+    command += ["--no-startup-delay", "--no-reload", "--interval", "0.05", "-v", "0"]
+    started = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, env=child_env(), check=True, stdout=subprocess.DEVNULL)
+    wall = count / (time.perf_counter() - started)
+    finished = DBTaskResult.objects.filter(status="SUCCESSFUL")
+    if finished.count() != count:
+        raise RuntimeError(f"db_worker ran {finished.count()} of {count} tasks")
+    span = finished.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    return steady_rate(count, span["first"], span["last"]), wall
+
+
+def bench_enqueue(transactions: int) -> dict[str, float]:
+    """Transactions per second: an Order + ``enqueue`` / + a bare INSERT of the job row /
+    + Celery's ``delay_on_commit``, in alternating rounds."""
+    import json as _json
+
+    from celery import shared_task
+    from django.db import connection, transaction
+
+    from testproject.shop import jobs
+    from testproject.shop.models import Order
+
+    insert = (
+        "INSERT INTO django_outbox_job (result_id, task_path, backend, queue_name, priority, "
+        "args, kwargs, state, max_attempts, errors, worker_ids, attempts, available_at, "
+        "last_error, created_at, cancel_requested, resolution, blocked, blocking) VALUES "
+        "(%s, %s, 'default', 'default', 0, %s, '{}', 'READY', 3, '[]', '[]', 0, now(), '', "
+        "now(), false, '', false, false)"
+    )
+
+    @shared_task(name="bench.noop_task")
+    def noop_task(order_id: int) -> None:
+        return None
+
+    def with_enqueue(n: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(customer=f"c{n}", total_cents=abs(n))
+            jobs.bench_noop.enqueue()
+            assert order.pk
+
+    def with_insert(n: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(customer=f"c{n}", total_cents=abs(n))
+            with connection.cursor() as cursor:
+                cursor.execute(insert, [uuid.uuid4(), NOOP, _json.dumps([])])
+            assert order.pk
+
+    def with_delay(n: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(customer=f"c{n}", total_cents=abs(n))
+            noop_task.delay_on_commit(order.pk)
+
+    bodies = {"enqueue": with_enqueue, "bare INSERT": with_insert, "delay_on_commit": with_delay}
+    for body in bodies.values():
+        body(-1)  # warm up connections and caches
+    rates: dict[str, list[float]] = {name: [] for name in bodies}
+    rounds = 5
+    for _ in range(rounds):
+        for name, body in bodies.items():
+            count = transactions // rounds
+            started = time.perf_counter()
+            for n in range(count):
+                body(n)
+            rates[name].append(count / (time.perf_counter() - started))
+    truncate()
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+PRODUCER = """
+import os, sys, time
+import django
+django.setup()
+from django.db import transaction
+from testproject.shop import jobs
+rate, seconds = float(sys.argv[1]), float(sys.argv[2])
+interval, start = 1.0 / rate, time.monotonic()
+n = 0
+while time.monotonic() - start < seconds:
+    target = start + n * interval
+    delay = target - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    with transaction.atomic():
+        jobs.bench_noop.enqueue()
+    n += 1
+"""
+
+
+def bench_latency(rate: float, seconds: float, producers: int = 2) -> dict[str, float]:
+    """enqueue → start, with one ``jobs_worker`` woken by NOTIFY."""
+    from django.db.models import DurationField, ExpressionWrapper, F
+
+    from django_outbox.jobs.models import Job, JobState
+
+    truncate()
+    env = child_env(OUTBOX_SETTINGS_JSON=json.dumps({"DISPATCH": "notify"}))
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "jobs_worker", "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    time.sleep(2.0)  # the worker is listening
+    feeders = [
+        subprocess.Popen(
+            [sys.executable, "-c", PRODUCER, str(rate / producers), str(seconds)],
+            cwd=ROOT,
+            env=env,
+        )
+        for _ in range(producers)
+    ]
+    for feeder in feeders:
+        feeder.wait(timeout=seconds + 120)
+    deadline = time.monotonic() + 30
+    while Job.objects.exclude(state=JobState.SUCCESSFUL).exists():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    worker.terminate()
+    worker.wait(timeout=60)
+    waits = sorted(
+        d.total_seconds() * 1000
+        for d in Job.objects.filter(started_at__isnull=False)
+        .annotate(
+            wait=ExpressionWrapper(F("started_at") - F("created_at"), output_field=DurationField())
+        )
+        .values_list("wait", flat=True)
+    )
+    total = Job.objects.count()
+
+    def pct(p: float) -> float:
+        return waits[min(len(waits) - 1, int(p * len(waits)))]
+
+    return {
+        "offered": rate,
+        "jobs": total,
+        "started": len(waits),
+        "p50": pct(0.50),
+        "p95": pct(0.95),
+        "p99": pct(0.99),
+        "max": waits[-1],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000, help="Jobs per run of ours.")
+    parser.add_argument("--celery-tasks", type=int, default=5_000)
+    parser.add_argument("--db-worker-tasks", type=int, default=2_000)
+    parser.add_argument("--transactions", type=int, default=2_000)
+    parser.add_argument("--latency-rate", type=float, default=200.0)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--informational", action="store_true", help="A reduced CI run.")
+    args = parser.parse_args()
+    setup_django()
+    runs: dict[str, list[tuple[float, float]]] = {
+        "jobs_worker, 1 process": [],
+        "jobs_worker, 2 processes": [],
+        "Celery worker, solo pool (Redis)": [],
+        "django-tasks-db db_worker, 1 process": [],
+    }
+    for _ in range(args.repeat):
+        runs["jobs_worker, 1 process"].append(bench_ours(args.jobs, 1))
+        runs["jobs_worker, 2 processes"].append(bench_ours(args.jobs, 2))
+        runs["Celery worker, solo pool (Redis)"].append(bench_celery(args.celery_tasks))
+        runs["django-tasks-db db_worker, 1 process"].append(bench_db_worker(args.db_worker_tasks))
+        print(json.dumps({k: v[-1] for k, v in runs.items()}), flush=True)
+    medians = {
+        name: (statistics.median(s for s, _ in v), statistics.median(w for _, w in v))
+        for name, v in runs.items()
+    }
+    enqueue = bench_enqueue(args.transactions)
+    latency = bench_latency(args.latency_rate, args.latency_seconds)
+    one = medians["jobs_worker, 1 process"][0]
+    celery = medians["Celery worker, solo pool (Redis)"][0]
+    db_worker = medians["django-tasks-db db_worker, 1 process"][0]
+    two = medians["jobs_worker, 2 processes"][0]
+    print(
+        f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()} · "
+        f"median of {args.repeat}\n"
+    )
+    print("| worker | jobs/s (steady) | jobs/s (wall, start-up included) | of one jobs_worker |")
+    print("|---|---:|---:|---:|")
+    for name, (steady, wall) in medians.items():
+        print(f"| {name} | {steady:,.0f} | {wall:,.0f} | {steady / one:.2f} |")
+    print("\n| transaction | tx/s | ratio |")
+    print("|---|---:|---:|")
+    for name, value in enqueue.items():
+        print(f"| Order + {name} | {value:,.0f} | {value / enqueue['bare INSERT']:.2f} |")
+    print(
+        f"\nenqueue → start at {latency['offered']:.0f}/s offered: {latency['started']} of "
+        f"{latency['jobs']} started, p50 {latency['p50']:.1f} ms, p95 {latency['p95']:.1f} ms, "
+        f"p99 {latency['p99']:.1f} ms, max {latency['max']:.1f} ms"
+    )
+    note = " (reduced run, informational)" if args.informational else ""
+    verdicts = {
+        "1 process ≥ 5 x Celery solo": one >= 5 * celery,
+        "1 process ≥ 10 x db_worker": one >= 10 * db_worker,
+        "2 processes ≥ 1.7 x one": two >= 1.7 * one,
+        "enqueue ≥ 0.9 of bare INSERT": enqueue["enqueue"] >= 0.9 * enqueue["bare INSERT"],
+        "enqueue ≥ delay_on_commit": enqueue["enqueue"] >= enqueue["delay_on_commit"],
+    }
+    print()
+    for target, met in verdicts.items():
+        print(f"target {target}: {'met' if met else 'MISSED'}{note}")
+
+
+if __name__ == "__main__":
+    main()
