@@ -15,6 +15,7 @@ keyword arguments (Django passes them to the backend's ``task_class``)::
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -107,6 +108,7 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.database: str | None = self.options.get("DATABASE")
+        self._validated: set[Any] = set()
 
     # -- validation --------------------------------------------------------------
 
@@ -147,7 +149,10 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
     def enqueue(self, task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         """Store the job in the current transaction (or its own); it runs after the
         commit. Raises ``JobArgumentsError`` for arguments that are not plain JSON."""
-        self.validate_task(task)
+        if task not in self._validated:
+            # Tasks are immutable: one validation each (it inspects the signature).
+            self.validate_task(task)
+            self._validated.add(task)
         args = list(args)
         kwargs = dict(kwargs)
         check_json(args, f"arguments of {task.module_path}", "args")
@@ -246,7 +251,9 @@ def _insert(db: str, row: dict[str, Any]) -> Job:
     varying = _VARYING + tuple(name for name in _OPTIONAL if name in row)
     clock_fields = ("created_at",) if "available_at" in row else ("created_at", "available_at")
     statement = fast_insert(connection, Job, varying=varying, clock_fields=clock_fields)
-    inserted: Job = statement.run(connection, row)
+    # Checked plain JSON: passed as text, not adapted again.
+    raw = {"args": json.dumps(row["args"]), "kwargs": json.dumps(row["kwargs"])}
+    inserted: Job = statement.run(connection, row, raw=raw)
     return inserted
 
 
