@@ -12,9 +12,8 @@ app = Celery("testproject")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.beat_schedule = {**app.conf.beat_schedule, **OUTBOX_BEAT_SCHEDULE}
 if os.environ.get("TESTPROJECT_SWEEP_SECONDS"):  # the demo sweeps faster than production
-    app.conf.beat_schedule["django-outbox-sweep"]["schedule"] = float(
-        os.environ["TESTPROJECT_SWEEP_SECONDS"]
-    )
+    for entry in ("django-outbox-sweep", "django-outbox-jobs-sweep"):
+        app.conf.beat_schedule[entry]["schedule"] = float(os.environ["TESTPROJECT_SWEEP_SECONDS"])
 if os.environ.get("TESTPROJECT_PERIODIC_JOB_SECONDS"):  # a periodic job, for its test
     from django_outbox.jobs.periodic import periodic
 

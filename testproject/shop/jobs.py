@@ -103,3 +103,21 @@ async def async_add(a, b):
 def bench_noop():
     """The jobs benchmark's no-op job."""
     return None
+
+
+@task()
+def send_receipt(order_id):
+    """The demo's job: a receipt per order, written idempotently (jobs run at least once:
+    a worker killed after writing and before recording runs it again)."""
+    time.sleep(float(os.environ.get("TESTPROJECT_JOB_DELAY", "0")))
+    Payment.objects.get_or_create(order_ref=f"receipt:{order_id}", status="receipt")
+    return order_id
+
+
+@task()
+def receipts_done(batch):
+    """The demo batch's callback."""
+    Payment.objects.create(
+        order_ref="receipts-batch",
+        status=f"{batch['succeeded']}/{batch['failed']}/{batch['total']}",
+    )

@@ -32,7 +32,8 @@ class Command(BaseCommand):
     help = (
         "Place orders, kill the Celery worker mid-way, watch the sweep recover: lost = 0; "
         "then deliver every order twice to the inbox, kill the worker mid-handling: each "
-        "order invoiced once."
+        "order invoiced once; then run a receipt job per order as one batch, kill the "
+        "worker mid-batch: each receipt once, the batch's callback once."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -79,6 +80,7 @@ class Command(BaseCommand):
             worker.wait(timeout=30)
         self.report(orders, declined)
         self.other_side(orders, options["timeout"])
+        self.jobs_side(orders, options["timeout"])
 
     # -- the other side: this project's inbox as a second service ------------
 
@@ -148,6 +150,77 @@ class Command(BaseCommand):
             self.stdout.write(self.style.ERROR("demo failed: an order was not invoiced once"))
             raise SystemExit(1)
 
+    # -- background jobs: receipts, on the same engine --------------------------
+
+    def jobs_side(self, orders: int, timeout: float) -> None:
+        """A receipt job per order, enqueued through Django's Tasks API as one batch; the
+        worker running them is killed mid-way; every receipt is written once and the
+        batch's callback runs once."""
+        from django_outbox.jobs import batch
+        from django_outbox.jobs.models import Job, JobBatch, JobState
+        from testproject.shop import jobs
+
+        self.stdout.write("")
+        self.say(
+            "background jobs: a receipt job per order (django.tasks on our backend), "
+            "enqueued as one batch with a callback"
+        )
+        rolled_back = 0
+        for n in range(3):
+            try:
+                with transaction.atomic():
+                    order = Order.objects.create(customer=f"refunded-{n}", total_cents=1)
+                    jobs.send_receipt.enqueue(order.pk)
+                    raise RuntimeError("refunded at once")
+            except RuntimeError:
+                rolled_back += 1
+        with batch(on_finish=jobs.receipts_done):
+            for order_id in Order.objects.order_by("pk").values_list("pk", flat=True):
+                jobs.send_receipt.enqueue(order_id)
+        self.say(f"{orders} receipt jobs committed; {rolled_back} enqueued in rolled-back orders")
+        worker = self.start_worker("worker-5", beat=False, job_delay=0.01)
+        done = Job.objects.filter(task_path__endswith="send_receipt", state=JobState.SUCCESSFUL)
+        self.wait(lambda: done.count() >= orders // 3, timeout)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        self.say(f"SIGKILL worker-5 mid-batch → {done.count()} of {orders} receipts done")
+        worker = self.start_worker("worker-6", beat=True)
+        try:
+            self.wait(lambda: Payment.objects.filter(order_ref="receipts-batch").exists(), timeout)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        receipts = Payment.objects.filter(status="receipt")
+        callbacks = list(
+            Payment.objects.filter(order_ref="receipts-batch").values_list("status", flat=True)
+        )
+        mine = Job.objects.filter(task_path__endswith="send_receipt")
+        rows = [
+            ("receipt jobs enqueued (committed)", mine.count()),
+            ("receipt jobs of rolled-back orders", rolled_back),
+            ("SUCCESSFUL", mine.filter(state=JobState.SUCCESSFUL).count()),
+            ("run again after the kill (attempts > 1)", mine.filter(attempts__gt=1).count()),
+            ("receipts written (idempotent job)", receipts.count()),
+            ("batch callbacks", len(callbacks)),
+        ]
+        self.stdout.write("")
+        for label, value in rows:
+            self.stdout.write(f"  {label:<44} {value:>6}")
+        self.stdout.write(f"  {'batch callback saw (ok/failed/total)':<44} {callbacks[0]:>6}")
+        self.stdout.write("")
+        batch_row = JobBatch.objects.get()
+        if (
+            receipts.count() == orders == mine.count()
+            and callbacks == [f"{orders}/0/{orders}"]
+            and batch_row.finished_at is not None
+        ):
+            self.stdout.write(
+                self.style.SUCCESS("every order got its receipt once; the callback ran once")
+            )
+        else:
+            self.stdout.write(self.style.ERROR("demo failed: receipts or callback not once"))
+            raise SystemExit(1)
+
     def invoiced(self) -> int:
         return Payment.objects.filter(status="invoiced").count()
 
@@ -158,6 +231,10 @@ class Command(BaseCommand):
     # -- steps ---------------------------------------------------------------
 
     def reset(self) -> None:
+        from django_outbox.jobs.models import Job, JobBatch
+
+        Job.objects.all().delete()
+        JobBatch.objects.all().delete()
         OutboxMessage.objects.all().delete()
         InboxMessage.objects.all().delete()
         Payment.objects.all().delete()
@@ -174,7 +251,7 @@ class Command(BaseCommand):
         return dict(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {})
 
     def start_worker(
-        self, name: str, *, beat: bool, handler_delay: float = 0.0
+        self, name: str, *, beat: bool, handler_delay: float = 0.0, job_delay: float = 0.0
     ) -> subprocess.Popen[bytes]:
         outbox = json.loads(json.dumps(settings.DJANGO_OUTBOX))
         outbox["OUTBOX"]["DESTINATIONS"]["default"] = {
@@ -189,6 +266,7 @@ class Command(BaseCommand):
             "OUTBOX_SETTINGS_JSON": json.dumps(outbox),
             "TESTPROJECT_SWEEP_SECONDS": "1",
             "TESTPROJECT_HANDLER_DELAY": str(handler_delay),
+            "TESTPROJECT_JOB_DELAY": str(job_delay),
         }
         command = [sys.executable, "-m", "celery", "-A", "testproject", "worker"]
         command += ["--pool=solo", "-n", f"{name}@%h", "-l", "ERROR", "--without-mingle"]
