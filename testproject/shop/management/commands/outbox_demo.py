@@ -180,13 +180,23 @@ class Command(BaseCommand):
         self.say(f"{orders} receipt jobs committed; {rolled_back} enqueued in rolled-back orders")
         worker = self.start_worker("worker-5", beat=False, job_delay=0.01)
         done = Job.objects.filter(task_path__endswith="send_receipt", state=JobState.SUCCESSFUL)
-        self.wait(lambda: done.count() >= orders // 3, timeout)
+
+        def job_states() -> str:
+            counts = Counter(mine.values_list("state", flat=True))
+            return "jobs " + ", ".join(f"{s}: {counts.get(s, 0)}" for s in JobState.values)
+
+        mine = Job.objects.filter(task_path__endswith="send_receipt")
+        self.wait(lambda: done.count() >= orders // 3, timeout, job_states)
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
         self.say(f"SIGKILL worker-5 mid-batch → {done.count()} of {orders} receipts done")
         worker = self.start_worker("worker-6", beat=True)
         try:
-            self.wait(lambda: Payment.objects.filter(order_ref="receipts-batch").exists(), timeout)
+            self.wait(
+                lambda: Payment.objects.filter(order_ref="receipts-batch").exists(),
+                timeout,
+                job_states,
+            )
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=30)
@@ -194,7 +204,6 @@ class Command(BaseCommand):
         callbacks = list(
             Payment.objects.filter(order_ref="receipts-batch").values_list("status", flat=True)
         )
-        mine = Job.objects.filter(task_path__endswith="send_receipt")
         rows = [
             ("receipt jobs enqueued (committed)", mine.count()),
             ("receipt jobs of rolled-back orders", rolled_back),
@@ -346,13 +355,14 @@ class Command(BaseCommand):
         counts = Counter(OutboxMessage.objects.values_list("state", flat=True))
         return ", ".join(f"{state}: {counts.get(state, 0)}" for state in OutboxState.values)
 
-    def wait(self, condition: Any, timeout: float) -> None:
+    def wait(self, condition: Any, timeout: float, progress: Any = None) -> None:
+        progress = progress or self.states
         deadline = time.monotonic() + timeout
         last = ""
         while not condition():
             if time.monotonic() > deadline:
-                raise SystemExit(f"demo timed out; outbox: {self.states()}")
-            states = self.states()
+                raise SystemExit(f"demo timed out; {progress()}")
+            states = progress()
             if states != last:
                 self.say(f"  … {states}")
                 last = states
