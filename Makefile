@@ -14,7 +14,7 @@ MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox chaos
+.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
 	@echo "make bench-admin  the admin's pages over 5 million rows on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
+	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
 
 $(VENV)/.installed: pyproject.toml
@@ -103,11 +104,18 @@ bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational
 	$(VENV)/bin/python -m tests.benchmarks.latency --rates 200 --seconds 2 --brokers redis --informational
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 20000 --repeat 1 --informational
+	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
 
 # The admin's list and message pages over 5 million rows on PostgreSQL, in a database
 # of their own (created, then dropped). Several minutes, most of them filling the table.
 bench-inbox: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.inbox --messages 20000 --processes 2 --repeat 3
+
+# Jobs: jobs_worker (1 and 2 processes) against a Celery solo worker and django-tasks-db's
+# db_worker, enqueue against a bare INSERT and delay_on_commit, enqueue -> start latency.
+bench-jobs: $(VENV)/.installed
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52,peers]"
+	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 20000 --repeat 3
 
 bench-admin: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 5000000 --repeat 5

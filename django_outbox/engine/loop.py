@@ -170,6 +170,7 @@ class WorkerLoop:
                 try:
                     if time.monotonic() >= next_sweep:
                         sweeps.rescue_stuck(part)
+                        part.maintain()
                         next_sweep = time.monotonic() + self.sweep_interval
                     left = None if self.max_batches is None else self.max_batches - total.batches
                     result = self.runner.drain(max_batches=left)

@@ -215,6 +215,10 @@ class Part:
     def on_rescued(self, result: Any) -> None:
         """Called after a rescue moved rows (a ``RescueResult``)."""
 
+    def maintain(self) -> None:
+        """The part's own periodic work, run by worker loops with their lease sweep (the
+        jobs complete batches whose last finisher died)."""
+
 
 _registry: dict[str, type[Part]] = {}
 

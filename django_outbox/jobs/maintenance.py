@@ -3,13 +3,15 @@ and the purge."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from django_outbox.engine import sweeps, triggers
+from django_outbox.engine import clock, sweeps, triggers
+from django_outbox.engine.purge import purge_in_batches
 from django_outbox.jobs import batches
-from django_outbox.jobs.models import Job, JobState
+from django_outbox.jobs.models import Job, JobBatch, JobState
 from django_outbox.jobs.running import Running
 
 
@@ -39,5 +41,13 @@ def sweep(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
 
 
 def purge(*, using: str = DEFAULT_DB_ALIAS) -> int:
-    """Delete SUCCESSFUL and FAILED jobs that finished more than ``RETENTION_DAYS`` ago."""
-    return sweeps.purge_finished(Running(using=using))
+    """Delete SUCCESSFUL and FAILED jobs that finished more than ``RETENTION_DAYS`` ago,
+    and the batches that finished that long ago."""
+    part = Running(using=using)
+    deleted = sweeps.purge_finished(part)
+    before = clock.later(clock.now(), -timedelta(days=part.config.retention_days).total_seconds())
+    purge_in_batches(
+        JobBatch.objects.using(using).filter(finished_at__lt=before),
+        batch_size=part.config.purge_batch_size,
+    )
+    return deleted

@@ -255,6 +255,11 @@ class Running(Part):
 
     # -- hooks ---------------------------------------------------------------------
 
+    def maintain(self) -> None:
+        from django_outbox.jobs import batches
+
+        batches.sweep(self.using)
+
     def on_done(self, rows: Sequence[Any]) -> None:
         self.logger.info("ran %d job(s)", len(rows))
         signals.emit(signals.jobs_finished, sender=Running, jobs=list(rows))

@@ -121,3 +121,15 @@ def receipts_done(batch):
         order_ref="receipts-batch",
         status=f"{batch['succeeded']}/{batch['failed']}/{batch['total']}",
     )
+
+
+@task(serial_key="account-{account}", max_attempts=1)
+def ledger_entry(account, n, seconds=0.02):
+    """Records when it ran (start and end, this process's clock: one host) so a test can
+    check that the entries of one account never overlapped and kept their order."""
+    started = time.time()
+    time.sleep(seconds)
+    Payment.objects.create(
+        order_ref=f"{account}:{n}", status=f"{started:.6f}-{time.time():.6f}-{os.getpid()}"
+    )
+    return n

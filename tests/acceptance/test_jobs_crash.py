@@ -2,6 +2,7 @@
 its enqueuer dies before the trigger; a job whose worker dies runs again within
 seconds; a long job keeps its lease; two workers never run one job twice."""
 
+import itertools
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -290,3 +292,55 @@ def test_celery_beat_ticks_enqueue_periodic_jobs_that_a_worker_runs(
     # One job per tick: each tick's task id is recorded once, with its job.
     recorded = InboxMessage.objects.filter(type="django_outbox.enqueue_job").count()
     assert recorded == ticks.count()
+
+
+def test_serial_unique_priority_and_run_after_with_two_workers():
+    from django.utils import timezone
+
+    accounts, entries = 4, 8
+    for n in range(entries):
+        for a in range(accounts):
+            jobs.ledger_entry.enqueue(account=f"a{a}", n=n)
+    later = jobs.add.using(run_after=timezone.now() + timezone.timedelta(seconds=2)).enqueue(1, 1)
+    first = jobs.sync_customer.enqueue(customer="u")
+    lows = [jobs.add.using(priority=-10).enqueue(n, n) for n in range(10)]
+    urgent = jobs.add.using(priority=50).enqueue(0, 0)
+    # One job per claim: the two workers interleave on every key, and each claim
+    # takes the highest priority that is due.
+    workers = [jobs_worker("--batch", "1") for _ in range(2)]
+    try:
+        # While the first is READY or RUNNING, the same unique key gives the same job.
+        assert jobs.sync_customer.enqueue(customer="u").id == first.id
+        wait_for(
+            lambda: (
+                Job.objects.filter(state=JobState.SUCCESSFUL).count()
+                == accounts * entries + 2 + len(lows) + 1
+            ),
+            timeout=120,
+            what="every job to run",
+        )
+    finally:
+        outputs = [stop(w) for w in workers]
+    runs = {}
+    for ref, status in Payment.objects.values_list("order_ref", "status"):
+        account, n = ref.split(":")
+        start, end, pid = status.split("-")
+        runs.setdefault(account, []).append((float(start), float(end), int(n), pid))
+    for account, entries_run in runs.items():
+        entries_run.sort()
+        assert [n for _, _, n, _ in entries_run] == list(range(entries)), account  # in order
+        for (_, end, _, _), (start, _, _, _) in itertools.pairwise(entries_run):
+            assert start >= end, f"{account}: two entries overlapped"  # one at a time
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    assert all(s["done"] > 0 for s in summaries), summaries  # both workers took part
+    later.refresh()
+    assert later.started_at >= later.enqueued_at + timezone.timedelta(seconds=2)
+    assert Job.objects.filter(unique_key="sync-u").count() == 1
+    # The highest priority is claimed first: among the first two jobs to start (the
+    # two workers' first claims), and before every low-priority one.
+    starts = sorted(Job.objects.values_list("started_at", "result_id"))
+    urgent.refresh()
+    assert uuid.UUID(urgent.id) in [rid for _, rid in starts[:2]]
+    for low in lows:
+        low.refresh()
+        assert low.started_at >= urgent.started_at

@@ -430,3 +430,20 @@ def test_async_tasks_and_aget_result():
     fetched = async_to_sync(fetch)()
     assert fetched.return_value == 42
     assert asyncio.iscoroutinefunction(jobs.async_add.func)
+
+
+def test_the_purge_deletes_finished_jobs_and_batches_past_retention():
+    from django_outbox.jobs import batch
+    from django_outbox.jobs.maintenance import purge
+    from django_outbox.jobs.models import JobBatch
+
+    with batch():
+        jobs.add.enqueue(1, 1)
+    waiting = jobs.add.enqueue(2, 2)
+    run_all()
+    Job.objects.exclude(result_id=waiting.id).update(finished_at=timezone.now() - timedelta(days=8))
+    Job.objects.filter(result_id=waiting.id).update(state=JobState.READY)
+    JobBatch.objects.update(finished_at=timezone.now() - timedelta(days=8))
+    assert purge() == 1
+    assert list(Job.objects.values_list("result_id", flat=True)) == [uuid.UUID(waiting.id)]
+    assert not JobBatch.objects.exists()
