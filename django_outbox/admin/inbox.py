@@ -20,7 +20,6 @@ from django_outbox.admin.shared import (
     ReadOnlyRows,
     pretty_json,
     pretty_text,
-    short_error,
 )
 from django_outbox.inbox.models import (
     REQUEUEABLE_STATES,
@@ -127,10 +126,6 @@ class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # typ
     def headers_pretty(self, obj: InboxMessage) -> str:
         return pretty_json(obj.headers)
 
-    @admin.display(description="last error")
-    def last_error_pretty(self, obj: InboxMessage) -> str:
-        return pretty_text(obj.last_error)
-
     @admin.display(description="traceback")
     def traceback_pretty(self, obj: InboxMessage) -> str:
         return pretty_text(obj.traceback)
@@ -154,10 +149,6 @@ class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # typ
                     '<a href="{}">{} (outbox #{})</a>', url, request.type, request.pk
                 )
         return "—"
-
-    @admin.display(description="last error")
-    def error(self, obj: InboxMessage) -> str:
-        return short_error(obj.last_error)
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_outbox.requeue_inboxmessage")

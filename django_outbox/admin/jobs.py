@@ -18,7 +18,6 @@ from django_outbox.admin.shared import (
     ReadOnlyRows,
     pretty_json,
     pretty_text,
-    short_error,
 )
 from django_outbox.jobs.models import Job, JobState
 
@@ -132,10 +131,6 @@ class JobAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore
     def return_value_pretty(self, obj: Job) -> str:
         return pretty_json(obj.return_value) if obj.state == JobState.SUCCESSFUL else "—"
 
-    @admin.display(description="last error")
-    def last_error_pretty(self, obj: Job) -> str:
-        return pretty_text(obj.last_error)
-
     @admin.display(description="errors, one per failed attempt")
     def attempt_errors(self, obj: Job) -> str:
         if not obj.errors:
@@ -157,10 +152,6 @@ class JobAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore
     @admin.display(description="workers, one per attempt")
     def workers(self, obj: Job) -> str:
         return format_html("{}", ", ".join(str(w) for w in obj.worker_ids or []) or "—")
-
-    @admin.display(description="last error")
-    def error(self, obj: Job) -> str:
-        return short_error(obj.last_error)
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_outbox.retry_job")

@@ -22,8 +22,6 @@ from django_outbox.admin.shared import (
     OperatorActions,
     ReadOnlyRows,
     pretty_json,
-    pretty_text,
-    short_error,
 )
 from django_outbox.conf import get_settings
 from django_outbox.outbox.models import (
@@ -116,14 +114,6 @@ class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # ty
     @admin.display(description="headers")
     def headers_pretty(self, obj: OutboxMessage) -> str:
         return pretty_json(obj.headers)
-
-    @admin.display(description="last error")
-    def last_error_pretty(self, obj: OutboxMessage) -> str:
-        return pretty_text(obj.last_error)
-
-    @admin.display(description="last error")
-    def error(self, obj: OutboxMessage) -> str:
-        return short_error(obj.last_error)
 
     @admin.display(description="waiting behind it")
     def waiting_behind(self, obj: OutboxMessage) -> str:

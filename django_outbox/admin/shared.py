@@ -130,7 +130,16 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
 
 class ReadOnlyRows:
     """Rows that the part's own code writes: no add, change or delete in the admin
-    (operators act through the guarded actions; rows leave through the purge)."""
+    (operators act through the guarded actions; rows leave through the purge). Also
+    the columns every part's rows have: the last error, short and in full."""
+
+    @admin.display(description="last error")
+    def error(self, obj: Any) -> str:
+        return short_error(obj.last_error)
+
+    @admin.display(description="last error")
+    def last_error_pretty(self, obj: Any) -> str:
+        return pretty_text(obj.last_error)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -34,6 +34,8 @@ import uuid
 from datetime import date
 from pathlib import Path
 
+from tests.benchmarks import common
+
 BENCH_DB = os.environ.get(
     "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_outbox_inbox_bench"
 )
@@ -68,13 +70,7 @@ with kombu.Connection(url) as conn:
 
 
 def ensure_database() -> None:
-    import psycopg
-
-    name = BENCH_DB.rsplit("/", 1)[1]
-    admin = BENCH_DB.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+    common.ensure_database(BENCH_DB)
 
 
 def setup_django() -> None:

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable
 from datetime import date
 
+from tests.benchmarks import common
+
 BENCH_DB = os.environ.get(
     "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_outbox_bench"
 )
@@ -37,14 +39,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
 
 def ensure_database() -> None:
-    import psycopg
-
-    name = BENCH_DB.rsplit("/", 1)[1]
-    admin = BENCH_DB.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{name}"')
+    common.ensure_database(BENCH_DB)
 
 
 def setup_django() -> None:

@@ -1,0 +1,86 @@
+"""The shared shape of ``outbox_relay`` and ``jobs_worker``: a ``WorkerLoop`` over a
+runner, in the foreground, with the same options, signals and exit summary."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from django_outbox.engine.loop import WorkerLoop
+from django_outbox.engine.runner import Runner, RunResult
+from django_outbox.management.commands._args import non_negative_float, positive_int
+
+
+class WorkerCommand(BaseCommand):
+    #: The command's name in its banner and summary, and what its rows are called.
+    name = ""
+    noun = "row"
+    done_verb = "done"
+    #: What ``--max-batches`` counts (idle polls do not count).
+    batch_help = "Exit after this many batches that carried rows (idle polls do not count)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        parser.add_argument(
+            "--batch", type=positive_int, default=None, help=f"{self.noun.capitalize()}s per claim."
+        )
+        parser.add_argument(
+            "--interval",
+            type=non_negative_float,
+            default=1.0,
+            help="Seconds to wait between polls when idle (default 1).",
+        )
+        parser.add_argument(
+            "--sweep-interval",
+            type=non_negative_float,
+            default=10.0,
+            help="Seconds between rescues of expired leases (default 10). Rows of a worker "
+            "that died are rescued sooner, by the heartbeats of the live ones.",
+        )
+        parser.add_argument("--until-empty", action="store_true", help="Exit once nothing is due.")
+        parser.add_argument("--max-batches", type=positive_int, default=None, help=self.batch_help)
+        parser.add_argument("--no-listen", action="store_true", help="Poll; do not LISTEN.")
+        parser.add_argument(
+            "--json", action="store_true", help="Print the exit summary as one JSON object."
+        )
+
+    def runner(self, options: dict[str, Any]) -> Runner:
+        raise NotImplementedError
+
+    def banner(self, runner: Runner, options: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        runner = self.runner(options)
+        worker = WorkerLoop(
+            runner,
+            interval=options["interval"],
+            sweep_interval=options["sweep_interval"],
+            until_empty=options["until_empty"],
+            max_batches=options["max_batches"],
+            listen=not options["no_listen"],
+            report=self._report if options["verbosity"] >= 2 else None,
+        )
+        signal.signal(signal.SIGTERM, worker.stop)
+        signal.signal(signal.SIGINT, worker.stop)
+        if options["verbosity"] >= 1 and not options["json"]:
+            self.stdout.write(self.banner(runner, options))
+        started = time.monotonic()
+        total = worker.run()
+        if options["json"]:
+            self.stdout.write(json.dumps(total.as_dict(), sort_keys=True))
+        elif options["verbosity"] >= 1:
+            elapsed = time.monotonic() - started
+            self.stdout.write(
+                f"{self.name} stopped after {elapsed:.1f}s: {total.done} {self.done_verb}, "
+                f"{total.retried} to retry, {total.failed} failed, in {total.batches} batch(es)"
+                + (f"; {worker.errors} error(s), see the log" if worker.errors else "")
+            )
+
+    def _report(self, result: RunResult) -> None:
+        self.stdout.write(json.dumps(result.as_dict(), sort_keys=True))

@@ -1,0 +1,15 @@
+"""What the benchmark harnesses share."""
+
+from __future__ import annotations
+
+
+def ensure_database(url: str) -> None:
+    """Create the PostgreSQL database of *url* if it does not exist (each benchmark
+    has one of its own)."""
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    admin = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
