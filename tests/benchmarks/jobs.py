@@ -52,10 +52,11 @@ os.environ["CELERY_BROKER_URL"] = REDIS_URL
 try:  # the peer is an extra (make bench-jobs installs it); CI's reduced run may lack it
     import django_tasks_db  # noqa: F401
 
-    PEER = True
-    os.environ["TESTPROJECT_PEER_TASKS_DB"] = "1"
+    PEER = os.environ.get("BENCH_JOBS_PEER", "1") == "1"
 except ImportError:
     PEER = False
+if PEER:
+    os.environ["TESTPROJECT_PEER_TASKS_DB"] = "1"
 os.environ["OUTBOX_SETTINGS_JSON"] = json.dumps(SETTINGS)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
@@ -361,7 +362,7 @@ def main() -> None:
             runs["django-tasks-db db_worker, 1 process"].append(
                 bench_db_worker(args.db_worker_tasks)
             )
-        print(json.dumps({k: v[-1] for k, v in runs.items()}), flush=True)
+        print(json.dumps({k: v[-1] for k, v in runs.items() if v}), flush=True)
     medians = {
         name: (statistics.median(s for s, _ in v), statistics.median(w for _, w in v))
         for name, v in runs.items()
