@@ -344,3 +344,56 @@ def test_serial_unique_priority_and_run_after_with_two_workers():
     for low in lows:
         low.refresh()
         assert low.started_at >= urgent.started_at
+
+
+@pytest.mark.redis
+def test_jobs_run_on_a_celery_prefork_worker_with_their_timeouts(configure_outbox, queue_name):
+    """DISPATCH celery: the commit's trigger reaches a prefork worker, whose children
+    run the jobs (and enforce a job's timeout in their main thread)."""
+    # The default job queue's triggers go to a Celery queue of this test's own.
+    configure_outbox(
+        DISPATCH="celery",
+        DISPATCH_IN_BACKGROUND=False,
+        JOBS={"CELERY_QUEUES": {"default": queue_name}},
+    )
+    settings_json = json.dumps(
+        {"DISPATCH": "celery", "JOBS": {"CELERY_QUEUES": {"default": queue_name}}}
+    )
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", "testproject", "worker"),
+            *("--pool=prefork", "--concurrency", "2", "-Q", queue_name),
+            *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"),
+        ],
+        cwd=ROOT,
+        env=subprocess_env(OUTBOX_SETTINGS_JSON=settings_json),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        from django.db import transaction
+
+        with transaction.atomic():
+            ok = jobs.add.enqueue(20, 22)
+            slow = jobs.too_slow.enqueue(30)
+
+        def finished():
+            sweep()  # as beat does: the retry after the first timeout comes due later
+            return Job.objects.filter(state__in=("SUCCESSFUL", "FAILED")).count() == 2
+
+        try:
+            wait_for(finished, timeout=60, what="the Celery worker to run both jobs", interval=0.5)
+        except AssertionError as exc:
+            states = list(Job.objects.values_list("task_path", "state", "attempts"))
+            raise AssertionError(f"{exc}: {states}\n{stop_process(worker)[-3000:]}") from None
+    finally:
+        output = stop_process(worker) if worker.returncode is None else ""
+    ok.refresh()
+    slow.refresh()
+    assert ok.return_value == 42, output
+    assert slow.status == "FAILED"
+    assert [e.exception_class_path for e in slow.errors] == [
+        "django_outbox.jobs.timeouts.JobTimeout"
+    ] * 2
+    assert len(ok.worker_ids) == 1 and ok.worker_ids[0] != "(lost)"
