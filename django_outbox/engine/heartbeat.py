@@ -141,22 +141,26 @@ class Heartbeat:
     def extend_leases(self) -> int:
         """Renew the leases of rows this worker runs, for parts whose steps may outlast a
         lease (``Part.extends_leases``): a live worker keeps its long jobs, a dead or
-        frozen one stops renewing and loses them. Renews only leases past their half."""
-        from django_outbox.engine.part import registered
+        frozen one stops renewing and loses them. A lease is renewed once a beat has
+        passed since it was set, to at least three beats ahead (``Part.lease_seconds``),
+        so one late beat never lets it run out."""
+        from django_outbox.engine.part import lease_floor, registered
 
+        settings = get_settings()
+        beat = settings.heartbeat_seconds
         extended = 0
         for part_class in registered().values():
             life = part_class.lifecycle
             if not part_class.extends_leases or life.running is None:
                 continue
-            lease = get_settings().engine(part_class.name).lease_seconds
+            lease = max(settings.engine(part_class.name).lease_seconds, lease_floor(beat))
             now = clock.now()
             extended += (
                 part_class.model._default_manager.using(self.using)
                 .filter(
                     state=life.running,
                     claimed_by=self.id,
-                    locked_until__lt=clock.later(now, lease / 2),
+                    locked_until__lt=clock.later(now, lease - beat),
                 )
                 .update(locked_until=clock.later(now, lease))
             )

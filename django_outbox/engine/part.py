@@ -140,6 +140,15 @@ class Part:
 
     # -- what a part says ----------------------------------------------------
 
+    def lease_seconds(self) -> float:
+        """How long a claim's lease runs. A part whose leases the heartbeat renews gets at
+        least three heartbeats: a renewal must land before the lease runs out, even with
+        a beat late."""
+        lease = self.config.lease_seconds
+        if self.extends_leases:
+            return max(lease, lease_floor(self.settings.heartbeat_seconds))
+        return lease
+
     def now(self) -> clock.Instant:
         """The current time as SQL (the database's unless pinned)."""
         pinned: datetime | None = self.clock() if self.clock is not None else None
@@ -218,6 +227,11 @@ class Part:
     def maintain(self) -> None:
         """The part's own periodic work, run by worker loops with their lease sweep (the
         jobs complete batches whose last finisher died)."""
+
+
+def lease_floor(heartbeat_seconds: float) -> float:
+    """The shortest lease the heartbeat can keep renewed (three beats)."""
+    return 3 * heartbeat_seconds
 
 
 _registry: dict[str, type[Part]] = {}

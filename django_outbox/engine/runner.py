@@ -119,7 +119,7 @@ class Runner:
         if statement is None:
             statement = _STATEMENTS[key] = ClaimStatement.prepare(
                 self._claimable(IDS if narrowed else None),
-                seconds=part.config.lease_seconds,
+                seconds=part.lease_seconds(),
                 limit=self.batch_size,
                 running_state=self.running,
                 fields=part.claimed_fields,
@@ -129,7 +129,7 @@ class Runner:
     def claim_batch(self, ids: Sequence[Any] | None = None) -> tuple[list[Any], Lease]:
         """Claim up to ``batch_size`` due rows under a new lease."""
         part = self.part
-        lease = Lease.new(part.config.lease_seconds, heartbeat.current_worker_id())
+        lease = Lease.new(part.lease_seconds(), heartbeat.current_worker_id())
         statement = self._prepared(ids is not None)
 
         def take() -> list[Any]:
