@@ -15,6 +15,7 @@ elsewhere callers save the model the ordinary way.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,21 @@ class FastInsert:
     ) -> Any:
         """Insert *row* (field name → value; *raw* values go as they are, e.g. JSON text
         already encoded); return the new instance, or ``None`` if a conflict skipped it."""
+        returned = self.run_bare(connection, row, raw)
+        if returned is None:
+            return None
+        pk, stamped = returned
+        values = [
+            pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
+            for name, source in self.columns
+        ]
+        return self.model.from_db(connection.alias, [name for name, _ in self.columns], values)
+
+    def run_bare(
+        self, connection: Any, row: Mapping[str, Any], raw: Mapping[str, Any] | None = None
+    ) -> tuple[Any, Any] | None:
+        """``run`` without the instance: the new row's primary key and clock stamp
+        (``None`` if a conflict skipped it), for callers that build their own result."""
         raw = raw or {}
         params = [
             raw[name] if name in raw else prepare(row[name], connection)
@@ -62,11 +78,7 @@ class FastInsert:
         convert = getattr(connection.ops, "convert_datetimefield_value", None)
         if convert is not None:  # SQLite returns text
             stamped = convert(stamped, None, connection)
-        values = [
-            pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
-            for name, source in self.columns
-        ]
-        return self.model.from_db(connection.alias, [name for name, _ in self.columns], values)
+        return pk, stamped
 
     def run_many(
         self, connection: Any, rows: Sequence[Mapping[str, Any]], raws: Sequence[Mapping[str, Any]]
@@ -166,11 +178,13 @@ def fast_insert(
             sources.append((field.attname, "clock"))
         else:
             default = field.get_default()
-            if isinstance(field, models.JSONField) and default is not None:
+            sources.append((field.attname, default))
+            if _database_fills(field, default):
+                columns.pop()  # a shorter statement: the database writes the same value
+            elif isinstance(field, models.JSONField) and default is not None:
                 values.append(_literal(json.dumps(default, cls=field.encoder)))
             else:
                 values.append(_literal(default))
-            sources.append((field.attname, default))
     stamped = _column(model, clock_fields[0])
     into = f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)})"
     conflict = ""
@@ -186,7 +200,8 @@ def fast_insert(
         # Parameters become the columns of unnest(); JSON goes as text, cast per row.
         arrays: list[str] = []
         selected: list[str] = []
-        for value, field in zip(values, _non_pk(meta), strict=True):
+        written = [f for f in _non_pk(meta) if q(f.column) in columns]
+        for value, field in zip(values, written, strict=True):
             if field.attname not in varying:
                 selected.append(value)
                 continue
@@ -221,6 +236,16 @@ def _non_pk(meta: Any) -> list[Any]:
     return [field for field in meta.concrete_fields if not field.primary_key]
 
 
+def _database_fills(field: Any, default: Any) -> bool:
+    """Whether leaving *field* out of an INSERT stores its *default* all the same: NULL
+    for a nullable column without a database default, or a database default that is
+    the same plain value."""
+    if field.has_db_default():
+        db_default = field.db_default
+        return not hasattr(db_default, "resolve_expression") and db_default == default
+    return default is None and field.null
+
+
 def _column(model: type[models.Model], name: str) -> str:
     field = model._meta.get_field(name)
     assert isinstance(field, models.Field)
@@ -252,8 +277,35 @@ def _bulk_preparer(field: Any) -> Callable[[Any, Any], Any]:
     return _preparer(field)
 
 
+#: Stock field classes whose ``get_db_prep_save`` gives a value of these types back
+#: unchanged (subclasses may override it, so only the exact classes count).
+_UNCHANGED: dict[type[models.Field[Any, Any]], tuple[type, ...]] = {
+    models.CharField: (str,),
+    models.TextField: (str,),
+    models.IntegerField: (int,),
+    models.SmallIntegerField: (int,),
+    models.BigIntegerField: (int,),
+    models.PositiveIntegerField: (int,),
+    models.PositiveSmallIntegerField: (int,),
+}
+
+
 def _preparer(field: models.Field[Any, Any]) -> Callable[[Any, Any], Any]:
+    """The field's ``get_db_prep_save``, skipped for None and for values it would
+    return as they are (a str for a CharField, an int for an IntegerField, a UUID
+    where the database has a uuid type): on the hot insert it cost more than the
+    rest of the parameters' handling."""
+    native_uuid = type(field) is models.UUIDField
+    unchanged = _UNCHANGED.get(type(field), ())
+    if unchanged or native_uuid:
+        unchanged += (type(None),)  # these fields save None as NULL
+
     def prepare(value: Any, connection: Any) -> Any:
+        kind = type(value)
+        if kind in unchanged:  # exact types: a bool is not an int here
+            return value
+        if native_uuid and kind is uuid.UUID and connection.features.has_native_uuid_field:
+            return value
         return field.get_db_prep_save(value, connection)
 
     return prepare

@@ -202,19 +202,33 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
                 db, JobKey, {"serial_key": row["serial_key"]}
             )
         if row["unique_key"] is None:
-            job = _insert(db, row)
+            pk, enqueued_at = _insert(db, row)
         else:
-            job = _insert_unique(db, row)
-            if job.result_id != row["result_id"]:
-                return to_result(job, task=task, backend=self.alias)  # the existing one
+            existing, (pk, enqueued_at) = _insert_unique(db, row)
+            if existing is not None:
+                return to_result(existing, task=task, backend=self.alias)
         if "batch_id" in row:
             from django_outbox.jobs import batches
 
             opened = batches.current()
             assert opened is not None
             opened.count += 1
-        triggers.schedule(f"jobs:{job.queue_name}", db, job.pk)
-        result = to_result(job, task=task, backend=self.alias)
+        triggers.schedule(f"jobs:{row['queue_name']}", db, pk)
+        # What to_result() would make of the new row, without building the row.
+        result = compat.TaskResult(
+            task=task,
+            id=str(row["result_id"]),
+            status=compat.TaskResultStatus.READY,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=row["args"],
+            kwargs=row["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
         _signal("task_enqueued", result)
         return result
 
@@ -235,7 +249,8 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
         return to_result(job, backend=self.alias)
 
 
-def _insert(db: str, row: dict[str, Any]) -> Job:
+def _insert(db: str, row: dict[str, Any]) -> tuple[Any, datetime]:
+    """Store *row*; return the new job's primary key and enqueue time."""
     from django_outbox.jobs.models import Job
 
     connection = connections[db]
@@ -244,22 +259,20 @@ def _insert(db: str, row: dict[str, Any]) -> Job:
         if "available_at" not in row:
             job.available_at = clock.now()
         job.save(force_insert=True, using=db)
-        job.created_at = timezone.now()
-        if "available_at" not in row:
-            job.available_at = job.created_at
-        return job
-    varying = _VARYING + tuple(name for name in _OPTIONAL if name in row)
+        return job.pk, timezone.now()  # the stamps are the database's; close enough here
+    varying = _VARYING + tuple(name for name in _OPTIONAL if row.get(name) is not None)
     clock_fields = ("created_at",) if "available_at" in row else ("created_at", "available_at")
     statement = fast_insert(connection, Job, varying=varying, clock_fields=clock_fields)
     # Checked plain JSON: passed as text, not adapted again.
     raw = {"args": json.dumps(row["args"]), "kwargs": json.dumps(row["kwargs"])}
-    inserted: Job = statement.run(connection, row, raw=raw)
+    inserted = statement.run_bare(connection, row, raw=raw)
+    assert inserted is not None  # no conflict target: a row or an error
     return inserted
 
 
-def _insert_unique(db: str, row: dict[str, Any]) -> Job:
-    """Insert unless a READY or RUNNING job has the same unique key; return the new job,
-    or the existing one (its ``result_id`` differs from the row's)."""
+def _insert_unique(db: str, row: dict[str, Any]) -> tuple[Job | None, tuple[Any, Any]]:
+    """Insert unless a READY or RUNNING job has the same unique key: ``(None, (pk,
+    enqueued_at))`` for the new job, or ``(existing job, (None, None))``."""
     from django_outbox.jobs.models import ACTIVE_STATES, Job
 
     active = Job.objects.using(db).filter(unique_key=row["unique_key"], state__in=ACTIVE_STATES)
@@ -268,15 +281,17 @@ def _insert_unique(db: str, row: dict[str, Any]) -> Job:
         # Concurrent first enqueues of one key may both insert (documented).
         with transaction.atomic(using=db):
             existing = active.select_for_update().first()
-            return existing if existing is not None else _insert(db, row)
+            if existing is not None:
+                return existing, (None, None)
+            return None, _insert(db, row)
     for _ in range(3):
         try:
             with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
-                return _insert(db, row)
+                return None, _insert(db, row)
         except IntegrityError:
             existing = active.first()
             if existing is not None:
-                return existing
+                return existing, (None, None)
             # It finished between our insert and our read: try again.
     raise IntegrityError(f"could not enqueue the job with unique key {row['unique_key']!r}")
 
@@ -291,11 +306,10 @@ _VARYING = (
     "args",
     "kwargs",
     "max_attempts",
-    "unique_key",
-    "serial_key",
 )
-#: Fields an enqueue sets only sometimes (``run_after``; a serial key's place).
-_OPTIONAL = ("available_at", "sequence", "blocked", "batch_id")
+#: Fields an enqueue sets only sometimes (``run_after``, keys, a serial key's place,
+#: a batch); left out of the statement (NULL) when they are not set.
+_OPTIONAL = ("available_at", "unique_key", "serial_key", "sequence", "blocked", "batch_id")
 
 
 def key_of(task: JobTask, name: str, args: list[Any], kwargs: dict[str, Any]) -> str | None:

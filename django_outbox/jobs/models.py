@@ -228,6 +228,13 @@ class Job(EngineRow):
                 condition=Q(state="READY", blocked=False),
                 name="outbox_job_due_idx",
             ),
+            # The same order for workers of every queue (no queue filter): without
+            # it each claim sorted the whole READY backlog.
+            models.Index(
+                fields=("-priority", "available_at", "id"),
+                condition=Q(state="READY", blocked=False),
+                name="outbox_job_due_all_idx",
+            ),
             models.Index(
                 fields=("serial_key", "sequence"),
                 condition=Q(serial_key__isnull=False)

@@ -126,6 +126,9 @@ def log_in(page, live_server, user: User) -> None:
     page.locator("#id_password").fill(PASSWORD)
     page.locator('input[type="submit"]').click()
     expect(page).to_have_url(re.compile(re.escape(changelist) + "$"))
+    # The URL changes when the navigation commits, before the page is parsed: reading
+    # the list right then raced its rendering (an empty list, now and then).
+    expect(page.locator("#changelist")).to_be_visible()
 
 
 def listed_ids(page) -> set[int]:
