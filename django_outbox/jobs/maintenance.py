@@ -24,9 +24,12 @@ def sweep(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     part = Running(using=using)
     rescued = sweeps.rescue_stuck(part)
     completed = batches.sweep(using)
+    # Without order_by() the model's ordering joined the DISTINCT: one name per due
+    # job, so one trigger per job. Blocked jobs wait for their key, not for a worker.
     queues = sorted(
         Job.objects.using(using)
-        .filter(state=JobState.READY, available_at__lte=part.now())
+        .filter(state=JobState.READY, blocked=False, available_at__lte=part.now())
+        .order_by()
         .values_list("queue_name", flat=True)
         .distinct()
     )

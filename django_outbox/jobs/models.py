@@ -200,6 +200,7 @@ class Job(EngineRow):
         blank=True,
         on_delete=models.SET_NULL,
         db_constraint=False,
+        db_index=False,  # a partial index below: most jobs have no batch
         related_name="jobs",
         help_text="The batch this job belongs to (its callback runs when all have finished).",
     )
@@ -241,14 +242,15 @@ class Job(EngineRow):
                 & (Q(state__in=("READY", "RUNNING")) | Q(blocking=True)),
                 name="outbox_job_key_open_idx",
             ),
+            # The one index over RUNNING jobs. Lookups by lease token or worker (renewals,
+            # rescues of a dead worker's jobs) scan it too: RUNNING jobs are at most the
+            # workers' claimed batches. Two more, as the outbox has, cost every job two
+            # more index entries on its claim for no better plan (migration 0010).
             models.Index(
                 fields=("locked_until",), condition=Q(state="RUNNING"), name="outbox_job_lease_idx"
             ),
             models.Index(
-                fields=("lock_token",), condition=Q(state="RUNNING"), name="outbox_job_token_idx"
-            ),
-            models.Index(
-                fields=("claimed_by",), condition=Q(state="RUNNING"), name="outbox_job_worker_idx"
+                fields=("batch",), condition=Q(batch__isnull=False), name="outbox_job_batch_idx"
             ),
             models.Index(
                 fields=("finished_at",),

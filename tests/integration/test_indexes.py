@@ -1,5 +1,6 @@
 """Hot queries use the partial indexes, so their cost follows the backlog, not history."""
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -92,3 +93,62 @@ def test_a_job_claim_reads_the_backlog_in_order_instead_of_sorting_it(job_backlo
     assert index in text, text
     assert "Sort" not in text, text
     assert "Seq Scan" not in text, text
+
+
+@pytest.fixture
+def job_history():
+    """20,000 finished jobs (2,000 of them in a batch) and a few RUNNING ones."""
+    from django_outbox.jobs.models import Job, JobBatch, JobState
+
+    now = timezone.now()
+    batch = JobBatch.objects.create(total=2_000)
+    Job.objects.bulk_create(
+        Job(
+            task_path="t.noop",
+            state=JobState.SUCCESSFUL,
+            finished_at=now,
+            batch=batch if n % 10 == 0 else None,
+        )
+        for n in range(20_000)
+    )
+    Job.objects.bulk_create(
+        Job(task_path="t.noop", state=JobState.RUNNING, locked_until=now, claimed_by=uuid.uuid4())
+        for _ in range(5)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_outbox_job")
+    return batch
+
+
+def test_the_jobs_sweeps_and_renewals_read_their_partial_indexes(job_history):
+    """The heartbeat's lease renewal, the rescue of an expired lease or a dead worker's
+    jobs, a fenced write, the batch sweep and the jobs' sweep each read a partial
+    index, never the history (migration 0010 left one index over RUNNING jobs: it
+    serves the lookups by lease, by token and by worker)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_outbox.engine import sweeps
+    from django_outbox.engine.heartbeat import Heartbeat
+    from django_outbox.engine.lease import Lease, fenced
+    from django_outbox.jobs import maintenance
+    from django_outbox.jobs.models import Job
+    from django_outbox.jobs.running import Running
+
+    with CaptureQueriesContext(connection) as captured:
+        Heartbeat("jobs").extend_leases()
+        sweeps.rescue_stuck(Running(), dead_workers=[uuid.uuid4()], at=timezone.now())
+        fenced(Job, Lease.new(60), "RUNNING", "default").update(locked_until=None)
+        maintenance.sweep()
+    statements = [
+        q["sql"]
+        for q in captured.captured_queries
+        if '"django_outbox_job"' in q["sql"] and q["sql"].lstrip().startswith(("SELECT", "UPDATE"))
+    ]
+    assert len(statements) >= 7, statements
+    partial = ("outbox_job_lease_idx", "outbox_job_batch_idx", "outbox_job_due_idx")
+    with connection.cursor() as cursor:
+        for sql in statements:
+            cursor.execute("EXPLAIN " + sql)
+            text = "\n".join(row[0] for row in cursor.fetchall())
+            assert "Seq Scan" not in text, f"{sql}\n{text}"
+            assert any(name in text for name in partial), f"{sql}\n{text}"

@@ -379,6 +379,25 @@ def test_a_batch_rolled_back_leaves_nothing_and_an_empty_one_calls_back_at_once(
     assert Payment.objects.get(order_ref="batch:empty").status == "0/0/0"
 
 
+def test_the_sweep_wakes_each_queue_with_due_jobs_once(monkeypatch):
+    from django_outbox.jobs.maintenance import sweep
+
+    later = timezone.now() + timedelta(hours=1)
+    Job.objects.bulk_create(
+        [
+            *(Job(task_path="t.noop", queue_name="default") for _ in range(30)),
+            *(Job(task_path="t.noop", queue_name="mail") for _ in range(3)),
+            Job(task_path="t.noop", queue_name="parked", blocked=True),
+            Job(task_path="t.noop", queue_name="later", available_at=later),
+            Job(task_path="t.noop", queue_name="done", state=JobState.SUCCESSFUL),
+        ]
+    )
+    sent = []
+    monkeypatch.setattr(triggers, "dispatch", lambda channel, *rest: sent.append(channel))
+    assert sweep()["woken_queues"] == ["default", "mail"]
+    assert sent == ["jobs:default", "jobs:mail"]
+
+
 def test_cancelled_jobs_count_as_failed_and_the_sweep_completes_a_batch():
     from django_outbox.jobs import batch, batches
     from django_outbox.jobs.models import JobBatch
