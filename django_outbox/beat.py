@@ -9,40 +9,33 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Sweep every 10 seconds (rescue expired leases, deliver and handle what a
-#: lost trigger left behind); purge finished rows hourly. One schedule for the
-#: outbox, the inbox and the jobs (a sweep of a part with no rows costs one query).
+#: How often each part is swept (rescue expired leases, deliver, handle or run what a
+#: lost trigger left behind) and purged, in seconds.
+SWEEP_SECONDS = 10.0
+PURGE_SECONDS = 3600.0
+
+
+def _entries(part: str, suffix: str) -> dict[str, dict[str, Any]]:
+    """The sweep and purge entries of one part (*suffix* names its tasks); a run that
+    could not start before the next one is due expires instead of piling up."""
+    return {
+        f"django-outbox-{part}sweep": {
+            "task": f"django_outbox.sweep_{suffix}",
+            "schedule": SWEEP_SECONDS,
+            "options": {"expires": SWEEP_SECONDS},
+        },
+        f"django-outbox-{part}purge": {
+            "task": f"django_outbox.purge_{suffix}",
+            "schedule": PURGE_SECONDS,
+            "options": {"expires": PURGE_SECONDS},
+        },
+    }
+
+
+#: One schedule for the outbox, the inbox and the jobs (a sweep of a part with no
+#: rows costs one query): sweeps every 10 seconds, purges hourly.
 OUTBOX_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
-    "django-outbox-sweep": {
-        "task": "django_outbox.sweep_outbox",
-        "schedule": 10.0,
-        "options": {"expires": 10.0},
-    },
-    "django-outbox-purge": {
-        "task": "django_outbox.purge_outbox",
-        "schedule": 3600.0,
-        "options": {"expires": 3600.0},
-    },
-    # The inbox: handle what a lost trigger left, purge past the dedup window.
-    "django-outbox-inbox-sweep": {
-        "task": "django_outbox.sweep_inbox",
-        "schedule": 10.0,
-        "options": {"expires": 10.0},
-    },
-    "django-outbox-inbox-purge": {
-        "task": "django_outbox.purge_inbox",
-        "schedule": 3600.0,
-        "options": {"expires": 3600.0},
-    },
-    # Jobs: rescue expired leases, wake queues whose jobs came due, purge.
-    "django-outbox-jobs-sweep": {
-        "task": "django_outbox.sweep_jobs",
-        "schedule": 10.0,
-        "options": {"expires": 10.0},
-    },
-    "django-outbox-jobs-purge": {
-        "task": "django_outbox.purge_jobs",
-        "schedule": 3600.0,
-        "options": {"expires": 3600.0},
-    },
+    **_entries("", "outbox"),
+    **_entries("inbox-", "inbox"),
+    **_entries("jobs-", "jobs"),
 }

@@ -308,6 +308,15 @@ def test_inbox_requeue_by_type_with_a_dry_run_first():
     assert InboxMessage.objects.filter(state=InboxState.SHOULD_BE_HANDLED).count() == 3
     with pytest.raises(CommandError, match="at least one of"):
         call_command("inbox_requeue")
+    # --id takes the sender's message id or the row id.
+    InboxMessage.objects.update(state=InboxState.HANDLE_ERROR)
+    by_sender, by_row, _left = InboxMessage.objects.order_by("pk")[:3]
+    out = io.StringIO()
+    call_command("inbox_requeue", "--id", by_sender.message_id, "--id", str(by_row.pk), stdout=out)
+    assert out.getvalue().strip() == "requeued 2 message(s)"
+    assert set(
+        InboxMessage.objects.filter(state=InboxState.SHOULD_BE_HANDLED).values_list("pk", flat=True)
+    ) == {by_sender.pk, by_row.pk}
 
 
 def test_request_and_reply_are_matched_by_correlation_id(configure_outbox):

@@ -1,6 +1,7 @@
 """The jobs' admin and command: Django's statuses, each attempt's traceback, retry and
 cancel guarded by their permissions (refused without), ``jobs_requeue``."""
 
+import uuid
 from io import StringIO
 
 import pytest
@@ -117,3 +118,19 @@ def test_jobs_requeue_command():
     call_command("jobs_requeue", "--task", "testproject.shop.jobs.refuses", stdout=out)
     assert out.getvalue().strip() == "retried 3 job(s)"
     assert Job.objects.filter(state=JobState.READY).count() == 3
+
+
+def test_jobs_requeue_by_row_id_and_result_id():
+    first, second, third = (jobs.refuses.enqueue(n) for n in range(3))
+    Job.objects.update(state=JobState.FAILED)
+    row = Job.objects.get(result_id=first.id).pk
+    out = StringIO()
+    call_command("jobs_requeue", "--id", str(row), "--id", str(second.id), stdout=out)
+    assert out.getvalue().strip() == "retried 2 job(s)"
+    assert dict(Job.objects.values_list("result_id", "state")) == {
+        uuid.UUID(first.id): JobState.READY,
+        uuid.UUID(second.id): JobState.READY,
+        uuid.UUID(third.id): JobState.FAILED,
+    }
+    with pytest.raises(CommandError, match="row id"):
+        call_command("jobs_requeue", "--id", "not-an-id")

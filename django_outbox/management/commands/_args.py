@@ -29,7 +29,7 @@ def non_negative_float(text: str) -> float:
 
 
 def message_ref(text: str) -> int | uuid.UUID:
-    """A row id (integer) or a message id (UUID)."""
+    """A row id (integer) or a message or result id (UUID)."""
     try:
         return int(text)
     except ValueError:
@@ -37,6 +37,4 @@ def message_ref(text: str) -> int | uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a row id or a message UUID, got {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"expected a row id or a UUID, got {text!r}") from None

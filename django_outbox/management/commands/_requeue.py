@@ -4,12 +4,14 @@ in batches through the part's own domain method."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, models
+from django.db.models import Q
 
-from django_outbox.management.commands._args import positive_int
+from django_outbox.management.commands._args import message_ref, positive_int
 
 
 class RequeueCommand(BaseCommand):
@@ -20,8 +22,13 @@ class RequeueCommand(BaseCommand):
     #: The queryset method that moves a batch (returns how many moved).
     method = "requeue"
     past = "requeued"
-    #: Option names (``dest``) of which at least one must be given.
+    #: Option names (``dest``) of which at least one must be given (``--id`` is one).
     filters: tuple[str, ...] = ()
+    #: What ``--id`` matches besides the row id: the field, whether it holds UUIDs
+    #: (else any text, as the inbox's sender ids), and the option's help.
+    other_id = "message_id"
+    uuid_ids = True
+    id_help = "Row id or message UUID; repeatable."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
@@ -31,6 +38,14 @@ class RequeueCommand(BaseCommand):
             help=f"Only this state ({self.from_state} is the only state moved back).",
         )
         self.add_filters(parser)
+        parser.add_argument(
+            "--id",
+            dest="ids",
+            action="append",
+            type=message_ref if self.uuid_ids else str,
+            default=[],
+            help=self.id_help,
+        )
         parser.add_argument("--dry-run", action="store_true", help="Count, change nothing.")
         parser.add_argument("--batch", type=positive_int, default=1000, help="Rows per UPDATE.")
 
@@ -41,14 +56,26 @@ class RequeueCommand(BaseCommand):
         """Narrow *selection* by the part's own filter options."""
         return selection
 
+    def by_ids(self, selection: models.QuerySet[Any], refs: list[Any]) -> Any:
+        """Narrow *selection* to the rows ``--id`` names (row ids or *other_id*)."""
+        if self.uuid_ids:
+            pks = [ref for ref in refs if isinstance(ref, int)]
+            others = [ref for ref in refs if isinstance(ref, uuid.UUID)]
+        else:
+            pks = [int(ref) for ref in refs if ref.isdigit()]
+            others = refs
+        return selection.filter(Q(pk__in=pks) | Q(**{f"{self.other_id}__in": others}))
+
     def handle(self, *args: Any, **options: Any) -> None:
-        given = ("state", *self.filters)
+        given = ("state", *self.filters, "ids")
         if not any(options[name] for name in given):
             flags = ", ".join("--" + name.rstrip("s").replace("_", "-") for name in given)
             raise CommandError(f"give at least one of {flags}")
         using = options["database"]
         manager = self.model._default_manager.using(using)
         selection = self.select(manager.filter(state=self.from_state), options)
+        if options["ids"]:
+            selection = self.by_ids(selection, options["ids"])
         total = selection.count()
         noun = f"{self.noun}(s)"
         if options["dry_run"]:

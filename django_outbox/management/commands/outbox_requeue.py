@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.core.management.base import CommandParser
-from django.db.models import Q
 
-from django_outbox.management.commands._args import message_ref
 from django_outbox.management.commands._requeue import RequeueCommand
 from django_outbox.outbox.models import OutboxMessage, OutboxState
 
@@ -18,19 +15,11 @@ class Command(RequeueCommand):
     )
     model = OutboxMessage
     from_state = OutboxState.SEND_ERROR
-    filters = ("types", "destinations", "ids", "uncertain")
+    filters = ("types", "destinations", "uncertain")
 
     def add_filters(self, parser: CommandParser) -> None:
         parser.add_argument("--type", dest="types", action="append", default=[])
         parser.add_argument("--destination", dest="destinations", action="append", default=[])
-        parser.add_argument(
-            "--id",
-            dest="ids",
-            action="append",
-            type=message_ref,
-            default=[],
-            help="Row id or message UUID; repeatable.",
-        )
         parser.add_argument("--uncertain", action="store_true", help="Only uncertain messages.")
 
     def select(self, selection: Any, options: dict[str, Any]) -> Any:
@@ -40,8 +29,4 @@ class Command(RequeueCommand):
             selection = selection.filter(destination__in=options["destinations"])
         if options["uncertain"]:
             selection = selection.filter(uncertain=True)
-        if options["ids"]:
-            pks = [r for r in options["ids"] if isinstance(r, int)]
-            uuids = [r for r in options["ids"] if isinstance(r, uuid.UUID)]
-            selection = selection.filter(Q(pk__in=pks) | Q(message_id__in=uuids))
         return selection
