@@ -9,7 +9,9 @@ Side by side in one run, on PostgreSQL (a database of its own) and Redis:
   the same number of no-op Celery tasks (the usual hand-rolled job queue);
   django-tasks-db's ``db_worker`` (one process). Rate = jobs from the first
   job started to the last one finished (steady state: process start-up is
-  left out for everyone; the wall-clock figure with start-up is printed too);
+  left out for everyone; the wall-clock figure with start-up is printed too).
+  Our workers are started first and the jobs released once all of them poll,
+  so two processes drain together from the first job on;
 - **enqueue** inside a business transaction (an ``Order`` row and one
   ``enqueue``) against the same transaction with a bare ``INSERT`` of the job
   row, and against Celery's ``delay_on_commit`` (Redis), in ten rounds that take
@@ -20,7 +22,7 @@ Side by side in one run, on PostgreSQL (a database of its own) and Redis:
   (one host, one clock).
 
 While our workers drain it also reports how busy the machine's CPUs were and
-the CPU per job of the workers (start-up left out) and of the rest of the
+the CPU per job of the workers (start-up and stop left out) and of the rest of the
 machine (PostgreSQL): on a small machine two workers and the database share
 the same cores, and that bounds what a second process can add.
 
@@ -93,13 +95,16 @@ def truncate() -> None:
         )
 
 
-def fill(count: int) -> None:
-    """*count* READY no-op jobs, inserted in bulk (the enqueue cost is measured apart)."""
+def fill(count: int, held_back: float = 0) -> None:
+    """*count* READY no-op jobs, inserted in bulk (the enqueue cost is measured apart),
+    due in *held_back* seconds."""
+    from datetime import timedelta
+
     from django.utils import timezone
 
     from django_outbox.jobs.models import Job
 
-    now = timezone.now()
+    now = timezone.now() + timedelta(seconds=held_back)
     Job.objects.bulk_create(
         (
             Job(
@@ -122,11 +127,13 @@ def steady_rate(count: int, first_start, last_finish) -> float:
 
 
 #: Per number of jobs_worker processes: (machine CPU busy fraction, worker CPU seconds
-#: per job with start-up left out, the rest of the machine's CPU seconds per job), one
-#: entry per run.
+#: per job, the rest of the machine's CPU seconds per job), one entry per run, all
+#: over the drain alone (from the jobs' release to the last one finished).
 CPU: dict[int, list[tuple[float, float, float]]] = {}
-WORKER_COMMAND = [sys.executable, "manage.py", "jobs_worker", "--until-empty", "--no-listen"]
+WORKER_COMMAND = [sys.executable, "manage.py", "jobs_worker", "--no-listen"]
 WORKER_COMMAND += ["--json", "--interval", "0.05"]
+#: Where the jobs wait until every worker is up: due in an hour.
+HELD_BACK_SECONDS = 3600
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -144,42 +151,81 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def start_up_cpu() -> float:
-    """CPU seconds of a jobs_worker that finds nothing to do (imports, set-up)."""
-    truncate()
-    before = children_cpu()
-    subprocess.run(WORKER_COMMAND, cwd=ROOT, env=child_env(), check=True, stdout=subprocess.DEVNULL)
-    return children_cpu() - before
+def start_workers(processes: int) -> list[subprocess.Popen[bytes]]:
+    """*processes* jobs_worker processes, returned once each is in its loop (its worker
+    row, written by its heartbeat just before the loop, is there)."""
+    from django_outbox.engine.models import Worker
 
-
-def bench_ours(count: int, processes: int, start_up: float = 0.0) -> tuple[float, float]:
-    from django.db.models import Max, Min
-
-    from django_outbox.jobs.models import Job, JobState
-
-    truncate()
-    fill(count)
-    cpu_before, ticks_before = children_cpu(), machine_ticks()
-    started = time.perf_counter()
     children = [
         subprocess.Popen(WORKER_COMMAND, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL)
         for _ in range(processes)
     ]
+    deadline = time.monotonic() + 120
+    while Worker.objects.count() < processes:
+        if time.monotonic() > deadline or any(c.poll() is not None for c in children):
+            raise RuntimeError("jobs_worker did not start")
+        time.sleep(0.05)
+    return children
+
+
+def stop_workers(children: list[subprocess.Popen[bytes]]) -> None:
     for child in children:
-        child.wait(timeout=900)
-    elapsed = time.perf_counter() - started
-    wall = count / elapsed
-    ticks = [after - before for after, before in zip(machine_ticks(), ticks_before, strict=True)]
+        child.terminate()  # a clean stop: SIGTERM ends the loop
+    for child in children:
+        child.wait(timeout=60)
+
+
+def idle_cpu(processes: int) -> float:
+    """CPU seconds of *processes* workers that start, poll an empty queue for about as
+    long as a run waits before its jobs come due, and stop: left out of the drain's."""
+    from django_outbox.engine.models import Worker
+
+    truncate()
+    Worker.objects.all().delete()
+    before = children_cpu()
+    stop_workers(start_workers(processes))
+    return children_cpu() - before
+
+
+def bench_ours(count: int, processes: int, idle: float = 0.0) -> tuple[float, float]:
+    """Workers are started first and the jobs released once all are polling, so the
+    drain has every process from its first job on (with a worker still importing
+    Django while another drains, a short run would measure start-up, not scaling)."""
+    from django.db import connection
+    from django.db.models import Max, Min
+
+    from django_outbox.engine.models import Worker
+    from django_outbox.jobs.models import Job, JobState
+
+    truncate()
+    Worker.objects.all().delete()
+    fill(count, held_back=HELD_BACK_SECONDS)
+    launched = time.perf_counter()
+    cpu_before = children_cpu()
+    children = start_workers(processes)
+    try:
+        ticks_before = machine_ticks()
+        released = time.perf_counter()
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE django_outbox_job SET available_at = now()")
+        done = Job.objects.filter(state=JobState.SUCCESSFUL)
+        deadline = time.monotonic() + 900
+        while done.count() < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"jobs_worker ran {done.count()} of {count} jobs")
+            time.sleep(0.1)
+        finished = time.perf_counter()
+        ticks = [
+            after - before for after, before in zip(machine_ticks(), ticks_before, strict=True)
+        ]
+    finally:
+        stop_workers(children)
+    wall = count / (finished - launched)
     busy = 1 - ticks[1] / ticks[0] if ticks[0] else float("nan")
-    workers = children_cpu() - cpu_before
+    workers = children_cpu() - cpu_before - idle
     # The rest of the machine's busy time is PostgreSQL's (nothing else runs).
-    rest = busy * (os.cpu_count() or 1) * elapsed - workers
-    CPU.setdefault(processes, []).append(
-        (busy, (workers - processes * start_up) / count, rest / count)
-    )
-    done = Job.objects.filter(state=JobState.SUCCESSFUL).count()
-    if done != count:
-        raise RuntimeError(f"jobs_worker ran {done} of {count} jobs")
+    rest = busy * (os.cpu_count() or 1) * (finished - released) - workers
+    CPU.setdefault(processes, []).append((busy, workers / count, rest / count))
     span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return steady_rate(count, span["first"], span["last"]), wall
 
@@ -413,10 +459,10 @@ def main() -> None:
         "Celery worker, solo pool (Redis)": [],
         "django-tasks-db db_worker, 1 process": [],
     }
-    start_up = statistics.median(start_up_cpu() for _ in range(3))
+    idle = {n: statistics.median(idle_cpu(n) for _ in range(3)) for n in (1, 2)}
     for _ in range(args.repeat):
-        runs["jobs_worker, 1 process"].append(bench_ours(args.jobs, 1, start_up))
-        runs["jobs_worker, 2 processes"].append(bench_ours(args.jobs, 2, start_up))
+        runs["jobs_worker, 1 process"].append(bench_ours(args.jobs, 1, idle[1]))
+        runs["jobs_worker, 2 processes"].append(bench_ours(args.jobs, 2, idle[2]))
         runs["Celery worker, solo pool (Redis)"].append(bench_celery(args.celery_tasks))
         if PEER:
             runs["django-tasks-db db_worker, 1 process"].append(
@@ -443,8 +489,8 @@ def main() -> None:
     for name, (steady, wall) in medians.items():
         print(f"| {name} | {steady:,.0f} | {wall:,.0f} | {steady / one:.2f} |")
     print(
-        "\nWhere the CPU goes while jobs_worker drains (start-up CPU of a worker, "
-        f"{start_up:.2f} s, left out):\n"
+        "\nWhere the CPU goes while jobs_worker drains (from the jobs' release to the last "
+        f"one finished; a worker's start-up, polling and stop, {idle[1]:.2f} s, left out):\n"
     )
     print(
         f"| jobs_worker | machine CPU busy ({os.cpu_count()} cores = 100 %) | worker CPU per "
