@@ -66,6 +66,20 @@ def _check_celery(config: Settings) -> list[checks.CheckMessage]:
     return []
 
 
+def _check_sources(config: Settings) -> list[checks.CheckMessage]:
+    return [
+        checks.Warning(
+            f"inbox source {source.name!r} accepts v1 webhook signatures (ACCEPT_V1), which "
+            "do not cover the envelope: a request captured within TOLERANCE_SECONDS can be "
+            "replayed under a new message id, type, key or sequence",
+            hint="Upgrade the senders (they sign v2), then remove ACCEPT_V1.",
+            id="django_outbox.W020",
+        )
+        for source in config.inbox.sources.values()
+        if source.transport == "webhook" and source.options.get("accept_v1")
+    ]
+
+
 @checks.register("django_outbox")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Validate ``DJANGO_OUTBOX`` and every destination's transport options."""
@@ -93,6 +107,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             problems.append(checks.Error(str(exc), id="django_outbox.E002"))
             continue
         problems.extend(cls.check(destination))
+    problems += _check_sources(config)
     for alias in connections:
         connection = connections[alias]
         mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))

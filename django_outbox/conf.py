@@ -200,6 +200,7 @@ _SOURCE_KEYS = frozenset(
         "QUEUE",
         "SECRET",
         "TOLERANCE_SECONDS",
+        "ACCEPT_V1",
         "PREFETCH",
         "MAX_BODY_BYTES",
         "TYPE_HEADER",
@@ -411,6 +412,8 @@ def _source(name: Any, raw: Any, max_body: int) -> Source:
     for required in _SOURCE_REQUIRED[transport]:
         if not raw.get(required):
             raise ConfigurationError(f"{path}['{required}'] is required for a {transport} source")
+    if not isinstance(raw.get("ACCEPT_V1", False), bool):
+        raise ConfigurationError(f"{path}['ACCEPT_V1'] must be True or False")
     return Source(
         name=name,
         transport=transport,

@@ -19,6 +19,7 @@ from django_outbox.wire import (
     HEADER_MESSAGE_ID,
     HEADER_SEQUENCE,
     HEADER_TYPE,
+    STANDARD_HEADERS,
 )
 
 if TYPE_CHECKING:
@@ -61,8 +62,14 @@ class Envelope:
 
     @property
     def headers(self) -> dict[str, str]:
-        """User headers plus the standard ``outbox-*`` headers (which win)."""
-        headers = {str(k): str(v) for k, v in self.user_headers.items()}
+        """User headers plus the standard ``outbox-*`` headers, which win: a user header
+        whose name is a standard one in any case is dropped (receivers read names
+        case-blind, and HTTP cannot carry both)."""
+        headers = {
+            str(k): str(v)
+            for k, v in self.user_headers.items()
+            if str(k).lower() not in STANDARD_HEADERS
+        }
         headers[HEADER_MESSAGE_ID] = str(self.message_id)
         headers[HEADER_TYPE] = self.type
         headers[HEADER_CORRELATION_ID] = self.correlation_id or str(self.message_id)

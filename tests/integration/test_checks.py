@@ -141,3 +141,13 @@ def test_a_misspelt_destination_option_is_reported_with_the_closest(configure_ou
     assert len(warnings) == 2
     assert "no option CONFRIM (did you mean 'CONFIRM'?)" in warnings[0]
     assert "no option TIMEOUTT (did you mean 'TIMEOUT'?)" in warnings[1]
+
+
+def test_a_webhook_source_accepting_v1_signatures_is_warned(configure_outbox):
+    webhook = {"TRANSPORT": "webhook", "SECRET": "s"}
+    assert ids(configure_outbox, INBOX={"SOURCES": {"partner": webhook}}) == []
+    configure_outbox(INBOX={"SOURCES": {"partner": {**webhook, "ACCEPT_V1": True}}})
+    [warning] = check_settings()
+    assert warning.id == "django_outbox.W020"
+    assert "'partner' accepts v1 webhook signatures" in warning.msg
+    assert "remove ACCEPT_V1" in warning.hint

@@ -94,8 +94,15 @@ def test_2xx_is_sent_with_idempotency_key_and_a_verifiable_signature(server):
     assert headers["outbox-message-id"] == str(message.message_id)
     assert headers["outbox-key"] == "order:1"
     assert headers["outbox-sequence"] == "1"
-    assert signing.verify(SECRET, body, headers["outbox-signature"])
-    assert not signing.verify("wrong-secret", body, headers["outbox-signature"])
+    # The v2 signature covers the body and every outbox-* header and the Idempotency-Key
+    # as they arrived (http.server hands header bytes over as Latin-1, like WSGI).
+    signature = headers["outbox-signature"]
+    assert signature.startswith("t=") and ",v2=" in signature and "v1=" not in signature
+    wire = signing.wire_headers(headers)
+    assert signing.check(SECRET, body, signature, headers=wire) == "v2"
+    assert not signing.verify("wrong-secret", body, signature, headers=wire)
+    forged = {**wire, "outbox-message-id": b"another-id"}
+    assert not signing.verify(SECRET, body, signature, headers=forged)
 
 
 @pytest.mark.parametrize("status", [400, 404, 422])
@@ -150,6 +157,51 @@ def test_non_ascii_keys_travel_as_utf8_header_bytes(server):
     headers = {k.lower(): v for k, v in headers.items()}
     # http.server decodes header bytes as latin-1
     assert headers["outbox-key"].encode("latin-1").decode("utf-8") == "city:Zürich"
+    # and the signature covers those bytes, not a re-encoding of the text
+    assert signing.verify(
+        SECRET, b"{}", headers["outbox-signature"], headers=signing.wire_headers(headers)
+    )
+
+
+def test_headers_differing_only_in_case_go_out_once_the_standard_one_winning(server):
+    django_outbox.send(
+        "ok",
+        {},
+        key="order:1",
+        headers={"Outbox-Type": "forged.type", "X-Tenant": "a", "x-tenant": "b"},
+    )
+    Relay().drain()
+    [(_, headers, body)] = Handler.received
+    names = [name.lower() for name in headers]
+    assert names.count("outbox-type") == 1 and names.count("x-tenant") == 1
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert headers["outbox-type"] == "ok"
+    assert headers["x-tenant"] in {"a", "b"}  # which one: the stored JSON's key order
+    assert signing.verify(
+        SECRET, body, headers["outbox-signature"], headers=signing.wire_headers(headers)
+    )
+
+
+def test_static_headers_are_sent_and_outbox_ones_among_them_signed(server, configure_outbox):
+    url = f"http://127.0.0.1:{server.server_address[1]}/{{type}}"
+    configure_outbox(
+        DESTINATIONS={
+            "default": {
+                "TRANSPORT": "http",
+                "URL": url,
+                "SECRET": SECRET,
+                "HEADERS": {"Authorization": "Bearer t", "Outbox-Tenant": "acme"},
+            }
+        }
+    )
+    deliver("ok")
+    [(_, headers, body)] = Handler.received
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert (headers["authorization"], headers["outbox-tenant"]) == ("Bearer t", "acme")
+    wire = signing.wire_headers(headers)
+    assert signing.verify(SECRET, body, headers["outbox-signature"], headers=wire)
+    forged = {**wire, "outbox-tenant": b"evil"}
+    assert not signing.verify(SECRET, body, headers["outbox-signature"], headers=forged)
 
 
 def test_timeout_on_a_hold_destination_parks_the_message_as_uncertain(server, configure_outbox):

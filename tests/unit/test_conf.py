@@ -65,6 +65,10 @@ def destinations(value):
         # The flat layout of 0.1 says where each key went.
         ({"DESTINATIONS": {}}, "set DJANGO_OUTBOX['OUTBOX']['DESTINATIONS'] instead"),
         ({"DELIVER_TASK_QUEUE": "q"}, "task_routes"),
+        (
+            {"INBOX": {"SOURCES": {"s": {"TRANSPORT": "webhook", "SECRET": "x", "ACCEPT_V1": 1}}}},
+            "['SOURCES']['s']['ACCEPT_V1'] must be True or False",
+        ),
     ],
 )
 def test_wrong_settings_raise_a_clear_error(raw, fragment):

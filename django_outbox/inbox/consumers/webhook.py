@@ -7,7 +7,8 @@ whose ``SECRET`` is the sender's. Answers:
 
 - 200 ``{"status": "stored"}``: new, stored in the inbox (handled later);
 - 200 ``{"status": "duplicate"}``: already stored (a retry): nothing else done;
-- 400 malformed body or headers, 401 a bad or stale signature, 404 an unknown
+- 400 malformed body or headers, 401 a missing, bad, stale or v1-only signature
+  (v1 does not cover the envelope; accepted only with ``ACCEPT_V1``), 404 an unknown
   source, 405 not a POST, 413 a body over ``MAX_BODY_BYTES``: nothing stored,
   the reason in the JSON answer and in a WARNING log line;
 - 503 the database failed: nothing stored, the sender retries.
@@ -16,14 +17,13 @@ whose ``SECRET`` is the sender's. Answers:
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_outbox import signing
-from django_outbox.conf import get_settings
+from django_outbox.conf import SETTING_NAME, Source, get_settings
 from django_outbox.exceptions import ConfigurationError, InvalidMessage
 from django_outbox.inbox.api import receive
 from django_outbox.inbox.intake import Arrival, Unreadable, parse
@@ -53,24 +53,29 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     body = request.body
     if len(body) > config.max_body_bytes:
         return _refuse(413, source, f"body of {len(body)} bytes is over {config.max_body_bytes}")
-    signature = request.headers.get(signing.SIGNATURE_HEADER)
-    problem = _signature_problem(config.options, body, signature)
+    # The envelope is read from exactly the headers the signature covers: every
+    # outbox-* header, Idempotency-Key and the source's mapped ones, as sent.
+    # Host, User-Agent and the like are the HTTP exchange's, not the message's.
+    wire = signing.wire_headers(request.headers)
+    mapped = _mapped_headers(config)
+    problem = _signature_problem(config, body, request.headers.get(signing.SIGNATURE_HEADER), wire)
     if problem:
         return _refuse(401, source, problem)
-    # The message's own headers travel as outbox-* (or the source's mapped ones);
-    # Host, User-Agent and the like are the HTTP exchange's, not the message's.
-    mapped = {config.header(role, "") for role in ("type", "key", "sequence", "message_id")}
-    headers: dict[str, Any] = {
-        name: value
-        for name, value in request.headers.items()
-        if name.lower().startswith("outbox-") or name.lower() in mapped
+    # The bytes back to text as the server gave them (each byte one character).
+    envelope = {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in signing.signed_headers(wire, also_cover=mapped)
     }
-    headers.pop(signing.SIGNATURE_HEADER, None)
+    idempotency_key = signing.IDEMPOTENCY_HEADER.lower()
     arrival = Arrival(
         source=config,
         body=body,
-        headers=headers,
-        transport_id=request.headers.get("Idempotency-Key"),
+        headers={
+            name: value
+            for name, value in envelope.items()
+            if name != idempotency_key or name in mapped
+        },
+        transport_id=envelope.get(idempotency_key),
         content_type=request.content_type,
     )
     try:
@@ -99,14 +104,38 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     )
 
 
-def _signature_problem(options: Any, body: bytes, header: str | None) -> str:
+def _mapped_headers(config: Source) -> set[str]:
+    """The headers *config* reads the id, type, key and sequence from, if not ``outbox-*``."""
+    return {config.header(role, "") for role in ("type", "key", "sequence", "message_id")} - {""}
+
+
+def _signature_problem(
+    config: Source, body: bytes, header: str | None, headers: dict[str, bytes]
+) -> str:
     """Why the signature is not acceptable, or ``""``."""
-    if not header:
-        return f"no {signing.SIGNATURE_HEADER} header"
+    options = config.options
     tolerance = float(options.get("tolerance_seconds") or signing.DEFAULT_TOLERANCE_SECONDS)
-    secret = str(options["secret"])
-    if signing.verify(secret, body, header, tolerance=tolerance):
-        return ""
-    if signing.verify(secret, body, header, tolerance=float("inf")):
-        return f"signature timestamp outside the {tolerance:g} s window (a replay or a clock)"
-    return "bad signature"
+    try:
+        scheme = signing.check(
+            str(options["secret"]),
+            body,
+            header,
+            headers=headers,
+            also_cover=_mapped_headers(config),
+            tolerance=tolerance,
+            accept_v1=bool(options.get("accept_v1")),
+        )
+    except signing.SignatureError as exc:
+        if exc.kind == "v1":
+            return (
+                f"{exc} or set {SETTING_NAME}['INBOX']['SOURCES'][{config.name!r}]"
+                "['ACCEPT_V1'] = True during a rolling upgrade"
+            )
+        return str(exc)
+    if scheme == "v1":
+        logger.info(
+            "webhook %s: accepted a v1 signature (ACCEPT_V1); it does not cover the "
+            "envelope: upgrade the sender, then remove ACCEPT_V1",
+            config.name,
+        )
+    return ""

@@ -2,9 +2,10 @@
 
 Each message is POSTed as JSON with an ``Idempotency-Key`` header (the
 message id), the ``outbox-*`` headers and, when ``SECRET`` is set, an
-``Outbox-Signature`` HMAC-SHA256 header. 2xx is sent; 408, 425 and 429 are
-retried like 5xx, timeouts and connection errors; any other status is a
-permanent failure.
+``Outbox-Signature`` header whose v2 HMAC-SHA256 covers the body, the
+timestamp and every ``outbox-*`` header and ``Idempotency-Key`` sent (see
+``django_outbox.signing``). 2xx is sent; 408, 425 and 429 are retried like
+5xx, timeouts and connection errors; any other status is a permanent failure.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class HttpTransport(Transport):
 
     Options: ``URL`` (required; ``{type}`` is substituted), ``SECRET`` (HMAC
     key; strongly recommended), ``TIMEOUT`` (seconds, ``10``), ``HEADERS``
-    (extra static headers), ``VERIFY`` (TLS verification, ``True``),
+    (extra static headers; per-message ones win), ``VERIFY`` (TLS verification, ``True``),
     ``CONCURRENCY`` (requests in flight, ``8``; messages of one key still go
     one after another, in order).
 
@@ -51,9 +52,13 @@ class HttpTransport(Transport):
         timeout = float(self.options.get("timeout", 10.0))
         self.concurrency = max(1, int(self.options.get("concurrency", 8)))
         self.chunk_size = 4 * self.concurrency
+        #: The static ``HEADERS``, sent (and signed, if ``outbox-*``) with every request.
+        self.static_headers = {
+            str(name).lower(): str(value)
+            for name, value in (self.options.get("headers") or {}).items()
+        }
         self.client = httpx.Client(
             timeout=httpx.Timeout(timeout),
-            headers=dict(self.options.get("headers") or {}),
             verify=self.options.get("verify", True),
             follow_redirects=False,
             limits=httpx.Limits(max_connections=self.concurrency),
@@ -99,12 +104,21 @@ class HttpTransport(Transport):
         return problems
 
     def request_headers(self, envelope: Envelope, body: bytes) -> list[tuple[bytes, bytes]]:
-        """Headers of the POST for *envelope*, as UTF-8 bytes (keys may be non-ASCII)."""
-        headers = envelope.headers
-        headers["Idempotency-Key"] = str(envelope.message_id)
-        headers["Content-Type"] = "application/json"
+        """Headers of the POST for *envelope*, as UTF-8 bytes (keys may be non-ASCII).
+
+        One header per lower-case name, later ones winning (static ``HEADERS``,
+        then the message's, then ``Idempotency-Key`` and ``Content-Type``): HTTP
+        does not tell ``X-A`` from ``x-a``, and the signature covers exactly
+        the headers that go out.
+        """
+        headers = dict(self.static_headers)
+        headers.update((name.lower(), value) for name, value in envelope.headers.items())
+        headers[signing.IDEMPOTENCY_HEADER.lower()] = str(envelope.message_id)
+        headers["content-type"] = "application/json"
         if self.secret:
-            headers[signing.SIGNATURE_HEADER] = signing.sign(self.secret, body)
+            headers[signing.SIGNATURE_HEADER.lower()] = signing.sign(
+                self.secret, body, headers=headers
+            )
         return [(name.encode(), value.encode()) for name, value in headers.items()]
 
     def publish_one(self, envelope: Envelope) -> None:
