@@ -61,6 +61,7 @@ ENGINE_DEFAULTS: Mapping[str, Any] = {
     "RETENTION_DAYS": 7.0,
     "PURGE_BATCH_SIZE": 1000,
     "DRAIN_SECONDS": 5.0,
+    "HANDBACK_SECONDS": 1.0,
 }
 
 #: Keys that exist once, at the top level.
@@ -100,6 +101,7 @@ MAXIMUMS: Mapping[str, float] = {
     "RETRY_MAX_SECONDS": 30 * 86_400,
     "RETENTION_DAYS": 36_500,
     "DRAIN_SECONDS": 3_600,
+    "HANDBACK_SECONDS": 3_600,
     "DISPATCH_COALESCE_SECONDS": 60,
     "HEARTBEAT_SECONDS": 60,
     "WORKER_TIMEOUT_SECONDS": 3_600,
@@ -114,6 +116,7 @@ MAXIMUMS: Mapping[str, float] = {
 MINIMUMS: Mapping[str, float] = {
     "BATCH_SIZE": 1,
     "LEASE_SECONDS": 0.1,
+    "HANDBACK_SECONDS": 0.05,
     "MAX_ATTEMPTS": 1,
     "PURGE_BATCH_SIZE": 1,
     "MAX_PAYLOAD_BYTES": 1,
@@ -140,6 +143,9 @@ class EngineSettings:
     retention_days: float = 7.0
     purge_batch_size: int = 1000
     drain_seconds: float = 5.0
+    #: A worker whose current step has run this long gives the rows of its batch it has
+    #: not started back, so idle workers take them (no row waits behind a long one).
+    handback_seconds: float = 1.0
 
 
 @dataclass(frozen=True)

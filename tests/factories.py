@@ -23,13 +23,15 @@ class OutboxMessageFactory(factory.django.DjangoModelFactory):
 DEAD_RELAY_TOKEN = "7e9c9e0e-0000-4000-8000-000000000000"
 
 
-def leave_sending(message, *, lease_ends_in: float, attempts=None):
+def leave_sending(message, *, lease_ends_in: float, attempts=None, started=True):
     """Put *message* in ``sending`` under a lease of a relay that is gone,
-    ending *lease_ends_in* seconds from now (negative: already expired)."""
+    ending *lease_ends_in* seconds from now (negative: already expired); *started*:
+    whether that relay had begun its attempt (publishing) when it went."""
     changes = {
         "state": OutboxState.SENDING,
         "locked_until": timezone.now() + timedelta(seconds=lease_ends_in),
         "lock_token": DEAD_RELAY_TOKEN,
+        "attempt_open": started,
     }
     if attempts is not None:
         changes["attempts"] = attempts

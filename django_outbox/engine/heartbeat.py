@@ -1,20 +1,33 @@
 """Worker heartbeats: the rows of a dead worker come back in seconds, not after a lease.
 
 A long lease protects a slow worker; a short one rescues a dead worker's
-rows fast. Heartbeats give both: each worker process (``outbox_relay``, a
-Celery worker process, later the inbox consumer and the jobs worker) runs a
-daemon thread that writes its row in ``django_outbox_worker`` with the
-database's clock every ``HEARTBEAT_SECONDS`` (1 s), and stamps every row it
-claims with its id. A worker whose heartbeat is older than
-``WORKER_TIMEOUT_SECONDS`` (3 s) is dead: any live worker's heartbeat thread
-rescues its running rows at once and wakes the part's runners. A worker that
-is merely slow (its main thread blocked in a transport) keeps beating and
-keeps its rows for the whole lease. A frozen worker (SIGSTOP) stops beating
-and loses its rows; when it resumes, the lease token fences it out.
+rows fast. Heartbeats give both: each worker process (``outbox_relay``,
+``inbox_worker``, ``inbox_consume``, ``jobs_worker``, every Celery worker
+process that runs our tasks) runs a daemon thread that writes its row in
+``django_outbox_worker`` with the database's clock every
+``HEARTBEAT_SECONDS`` (1 s), and its claims carry its worker id. A worker
+whose heartbeat is older than ``WORKER_TIMEOUT_SECONDS`` (3 s) is dead (or
+cut off): its running rows are rescued at once by any process that can prove
+the database was reachable meanwhile, and the part's runners are woken. A
+worker that is merely slow (its main thread blocked in a transport or a long
+job) keeps beating and keeps its rows. A frozen worker (SIGSTOP) stops
+beating and loses its rows; when it resumes, the lease token fences it out.
 
-A rescuer only judges others after it has itself beaten without failure for a
-whole timeout, so after a database outage, when every heartbeat is stale,
-nobody rescues a live worker's rows before that worker had the chance to beat.
+Proof that the database was reachable: each worker row records since when
+its beats have all succeeded (``healthy_since``). A worker silent for longer
+than the timeout is judged dead only while another worker has been beating
+without a gap for longer than the timeout: after a database outage, when
+every heartbeat is stale, nobody's rows are taken before their worker had the
+chance to beat again. Any process may rescue by that rule: a heartbeat
+thread, a Celery beat sweep, ``outbox_sweep``.
+
+The heartbeat thread also tends the leases its process works on (each
+runner registers them, see :class:`Held`): it renews only the rows a step is
+running now (for parts whose steps may outlast a lease: jobs), and when a
+step has run longer than ``HANDBACK_SECONDS`` it gives the rows of that batch
+not yet started back, so idle workers take them. A lease nobody works on any
+more (its batch raised, its process lost the database) is not renewed: it
+runs out, and the rows come back.
 """
 
 from __future__ import annotations
@@ -25,16 +38,68 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+from django.db.models import Exists, OuterRef, Q
 
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock
 from django_outbox.engine.models import Worker
 
+if TYPE_CHECKING:
+    from django_outbox.engine.lease import Lease
+    from django_outbox.engine.part import Part
+
 logger = logging.getLogger("django_outbox.heartbeat")
+
+
+class Held:
+    """A batch this process works on under a lease: which of its rows have not started
+    (they may be handed back), which are running (their lease is renewed), and since
+    when the current step runs (or the batch waits).
+
+    The runner's thread and the heartbeat thread share it under ``lock``: a row is
+    either started by the runner or handed back by the heartbeat, never both.
+    """
+
+    def __init__(self, part: Part, lease: Lease, ids: Iterable[Any]) -> None:
+        self.part = part
+        self.lease = lease
+        self.lock = threading.Lock()
+        self.unstarted: set[Any] = set(ids)
+        self.running: tuple[Any, ...] = ()
+        #: ``time.monotonic()`` when the current step started, or the batch was claimed.
+        self.since = time.monotonic()
+        #: Rows the heartbeat gave back: no longer this batch's.
+        self.handed_back: set[Any] = set()
+
+    def begin(self, ids: Iterable[Any]) -> list[Any]:
+        """The step starts on *ids* now: those still unstarted (not handed back) are
+        returned and become the running rows."""
+        with self.lock:
+            started = [pk for pk in ids if pk in self.unstarted]
+            self.unstarted.difference_update(started)
+            self.running = tuple(started)
+            self.since = time.monotonic()
+        return started
+
+    def end_step(self) -> None:
+        """Nothing of the batch runs now (its outcomes are being recorded)."""
+        with self.lock:
+            self.running = ()
+
+    def take_unstarted(self, older_than: float) -> list[Any]:
+        """The rows not started yet if the current step (or the wait) has lasted
+        *older_than* seconds; they stop being this batch's."""
+        with self.lock:
+            if not self.unstarted or time.monotonic() - self.since < older_than:
+                return []
+            tail = list(self.unstarted)
+            self.unstarted.clear()
+            self.handed_back.update(tail)
+        return tail
 
 
 class Heartbeat:
@@ -47,14 +112,19 @@ class Heartbeat:
         self.pid = os.getpid()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: ``time.monotonic()`` since when every beat succeeded (``None``: the last failed).
-        self.healthy_since: float | None = None
+        #: Whether the last beat failed (the next one starts a new healthy streak).
+        self._streak_broken = True
         self.beats = 0
         self.rescued = 0
+        self.handed_back = 0
         #: Parts whose missing sweep this process has warned about (once per episode).
         self.warned_sweeps: set[str] = set()
         self._next_sweep_check = 0.0
         self._listeners: dict[str, list[Callable[[], Any]]] = {}
+        self._held: dict[uuid.UUID, Held] = {}
+        self._held_lock = threading.Lock()
+        #: Releases of handed-back rows that failed; tried again every beat.
+        self._unreleased: list[tuple[Held, list[Any]]] = []
 
     def on_rescue(self, part: str, callback: Callable[[], Any]) -> None:
         """Call *callback* (from the heartbeat thread) after this process rescued rows of
@@ -84,11 +154,31 @@ class Heartbeat:
         except DatabaseError:
             logger.warning("could not remove worker row %s; it will be swept", self.id)
 
+    # -- the leases this process works on -------------------------------------------
+
+    def hold(self, held: Held) -> None:
+        with self._held_lock:
+            self._held[held.lease.token] = held
+
+    def let_go(self, held: Held) -> None:
+        with self._held_lock:
+            self._held.pop(held.lease.token, None)
+
+    def holding(self) -> list[Held]:
+        with self._held_lock:
+            return list(self._held.values())
+
+    # -- beating ---------------------------------------------------------------------
+
     def beat(self) -> None:
-        """Write ``heartbeat_at = now()``; re-create the row if a rescuer removed it."""
+        """Write ``heartbeat_at = now()`` (and start a new healthy streak after a failed
+        beat); re-create the row if a rescuer removed it."""
         workers = Worker.objects.using(self.using)
         now = clock.now()
-        if workers.filter(pk=self.id).update(heartbeat_at=now) == 0:
+        values: dict[str, Any] = {"heartbeat_at": now}
+        if self._streak_broken:
+            values["healthy_since"] = now
+        if workers.filter(pk=self.id).update(**values) == 0:
             if self.beats:
                 logger.warning(
                     "worker %s was declared dead (frozen or cut off for longer than "
@@ -96,7 +186,10 @@ class Heartbeat:
                     "is fenced out",
                     self.name,
                 )
-            workers.create(id=self.id, name=self.name, started_at=now, heartbeat_at=now)
+            workers.create(
+                id=self.id, name=self.name, started_at=now, heartbeat_at=now, healthy_since=now
+            )
+        self._streak_broken = False
         self.beats += 1
 
     def _run(self) -> None:
@@ -111,60 +204,101 @@ class Heartbeat:
         try:
             self.beat()
         except DatabaseError as exc:
-            self.healthy_since = None
-            logger.warning("heartbeat failed (%s); retrying", exc)
+            if not self._streak_broken:
+                logger.warning("heartbeat failed (%s); retrying every beat", exc)
+            self._streak_broken = True
             connections[self.using].close()
             return
-        try:
-            self.extend_leases()
-        except DatabaseError:
-            logger.exception("extending the leases of this worker's rows failed; retrying")
-            connections[self.using].close()
-        if self.healthy_since is None:
-            self.healthy_since = time.monotonic()
-            return
-        if time.monotonic() - self.healthy_since < config.worker_timeout_seconds:
-            return
+        for step in (self.extend_leases, self.hand_back):
+            try:
+                step()
+            except DatabaseError:
+                logger.warning("%s failed; retrying", step.__name__, exc_info=True)
+                connections[self.using].close()
+                return
         try:
             rescued = rescue_dead_workers(self.using, exclude=self.id)
         except DatabaseError:
-            logger.exception("rescuing the rows of dead workers failed; retrying")
+            logger.warning("rescuing the rows of dead workers failed; retrying", exc_info=True)
             connections[self.using].close()
             return
         for part, count in rescued.items():
             self.rescued += count
             for callback in self._listeners.get(part, ()):
                 callback()
-        if time.monotonic() - self.healthy_since >= config.sweep_stale_seconds:
+        if self.beats * config.heartbeat_seconds >= config.sweep_stale_seconds:
             self.check_sweeps()
 
     def extend_leases(self) -> int:
-        """Renew the leases of rows this worker runs, for parts whose steps may outlast a
-        lease (``Part.extends_leases``): a live worker keeps its long jobs, a dead or
-        frozen one stops renewing and loses them. A lease is renewed once a beat has
-        passed since it was set, to at least three beats ahead (``Part.lease_seconds``),
-        so one late beat never lets it run out."""
-        from django_outbox.engine.part import lease_floor, registered
-
-        settings = get_settings()
-        beat = settings.heartbeat_seconds
-        extended = 0
-        for part_class in registered().values():
-            life = part_class.lifecycle
-            if not part_class.extends_leases or life.running is None:
+        """Renew the leases of the rows a step of this process is running now, for parts
+        whose steps may outlast a lease (``Part.extends_leases``): a live worker keeps
+        its long job, a dead or frozen one stops renewing and loses it, and a batch
+        nobody works on any more (it raised, its database went away) is not renewed.
+        A lease is renewed once a beat has passed since it was set, to at least three
+        beats ahead (``Part.lease_seconds``), so one late beat never lets it run out."""
+        beat = get_settings().heartbeat_seconds
+        running: dict[tuple[type[Any], str], tuple[Part, set[Any], set[Any]]] = {}
+        for held in self.holding():
+            part = held.part
+            if not part.extends_leases or not held.running:
                 continue
-            lease = max(settings.engine(part_class.name).lease_seconds, lease_floor(beat))
+            key = (part.model, part.using)
+            entry = running.setdefault(key, (part, set(), set()))
+            entry[1].add(held.lease.token)
+            entry[2].update(held.running)
+        extended = 0
+        for part, tokens, ids in running.values():
+            lease = part.lease_seconds()
             now = clock.now()
             extended += (
-                part_class.model._default_manager.using(self.using)
+                part.model._default_manager.using(part.using)
                 .filter(
-                    state=life.running,
-                    claimed_by=self.id,
+                    pk__in=list(ids),
+                    lock_token__in=list(tokens),
+                    state=part.lifecycle.running,
                     locked_until__lt=clock.later(now, lease - beat),
                 )
                 .update(locked_until=clock.later(now, lease))
             )
         return extended
+
+    def hand_back(self) -> int:
+        """Give back the unstarted rows of batches whose current step (or wait) has run
+        longer than ``HANDBACK_SECONDS``, and wake the part's runners: no row waits
+        behind a long one while another worker is free."""
+        from django_outbox.engine.lease import fenced, with_ids
+        from django_outbox.engine.transitions import release_values
+
+        retry, self._unreleased = self._unreleased, []
+        for held in self.holding():
+            part = held.part
+            if part.lifecycle.running is None:
+                continue  # lock mode: rows under a transaction's locks are not handed back
+            tail = held.take_unstarted(part.config.handback_seconds)
+            if tail:
+                retry.append((held, tail))
+        given = 0
+        woken: set[str] = set()
+        for index, (held, tail) in enumerate(retry):
+            part = held.part
+            rows = fenced(part.model, held.lease, part.lifecycle.running or "", part.using)
+            try:
+                count = with_ids(rows, tail).update(**release_values(part))
+            except DatabaseError:
+                self._unreleased.extend(retry[index:])
+                raise
+            given += count
+            if count and part.name not in woken:
+                woken.add(part.name)
+                part.logger.info(
+                    "gave back %d %s row(s) not started behind a step running over %g s",
+                    count,
+                    part.name,
+                    part.config.handback_seconds,
+                )
+                part.wake()
+        self.handed_back += given
+        return given
 
     def check_sweeps(self, *, force: bool = False) -> None:
         """Warn once when a part with unfinished rows has not been swept for
@@ -179,7 +313,7 @@ class Heartbeat:
         try:
             stale = {found.part: found for found in stale_sweeps(self.using)}
         except DatabaseError:
-            logger.exception("checking the sweep marks failed; retrying")
+            logger.warning("checking the sweep marks failed; retrying", exc_info=True)
             connections[self.using].close()
             return
         for part in sorted(stale.keys() - self.warned_sweeps):
@@ -189,32 +323,49 @@ class Heartbeat:
         self.warned_sweeps = set(stale)
 
 
-def rescue_dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -> dict[str, int]:
-    """Rescue the running rows of every worker whose heartbeat is older than the timeout.
+def dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -> list[uuid.UUID]:
+    """Workers silent for longer than ``WORKER_TIMEOUT_SECONDS`` while another worker
+    has been beating without a gap for longer than that (the database was reachable,
+    so they could have beaten): dead, frozen or cut off."""
+    config = get_settings()
+    now = clock.now()
+    stale = clock.later(now, -config.worker_timeout_seconds)
+    recent = clock.later(now, -2 * config.heartbeat_seconds)
+    witness = Worker.objects.using(using).filter(
+        ~Q(pk=OuterRef("pk")), heartbeat_at__gte=recent, healthy_since__lte=stale
+    )
+    silent = Worker.objects.using(using).filter(heartbeat_at__lt=stale).filter(Exists(witness))
+    if exclude is not None:
+        silent = silent.exclude(pk=exclude)
+    return list(silent.values_list("pk", flat=True))
 
-    Rows go back to ready (or are held, per the part's policy) and the part's
-    runners are woken; the dead workers' rows in the worker table are removed.
-    Returns how many rows were made ready again, per part.
+
+def rescue_dead_workers(using: str = DEFAULT_DB_ALIAS, *, exclude: Any = None) -> dict[str, int]:
+    """Rescue the running rows of every dead worker (see :func:`dead_workers`).
+
+    Rows a step had not started go back uncounted; rows whose attempt had started are
+    recorded as ended uncleanly (retried, or dead-lettered once their attempts are used
+    up, or held where the part holds uncertain rows). The part's runners are woken and
+    the dead workers' rows removed. Returns how many rows were made ready again, per
+    part.
     """
-    from django_outbox.engine import sweeps, triggers
+    from django_outbox.engine import sweeps
     from django_outbox.engine.part import registered
 
-    config = get_settings()
-    stale = clock.later(clock.now(), -config.worker_timeout_seconds)
-    workers = Worker.objects.using(using)
-    dead = list(
-        workers.filter(heartbeat_at__lt=stale).exclude(pk=exclude).values_list("pk", flat=True)
-    )
+    dead = dead_workers(using, exclude=exclude)
     if not dead:
         return {}
     rescued: dict[str, int] = {}
     for name, part_class in registered().items():
-        result = sweeps.rescue_stuck(part_class(using=using), dead_workers=dead)
-        if result.resent:
-            rescued[name] = result.resent
-            triggers.dispatch(name, using, [])
+        part = part_class(using=using)
+        result = sweeps.rescue_stuck(part, dead_workers=dead)
+        if result.ready:
+            rescued[name] = result.ready
+            part.wake()
+    config = get_settings()
+    stale = clock.later(clock.now(), -config.worker_timeout_seconds)
     with transaction.atomic(using=using):
-        workers.filter(pk__in=dead, heartbeat_at__lt=stale).delete()
+        Worker.objects.using(using).filter(pk__in=dead, heartbeat_at__lt=stale).delete()
     return rescued
 
 
@@ -240,13 +391,36 @@ def stop() -> None:
         current.stop()
 
 
+def current() -> Heartbeat | None:
+    """This process's running heartbeat, if any."""
+    beating = _current
+    if beating is not None and beating.alive:
+        return beating
+    return None
+
+
 def current_worker_id() -> uuid.UUID | None:
     """The id that this process's claims carry, or ``None`` if it has no heartbeat.
 
     Rows claimed without a worker id (a relay run inside a web process or a
     test) are rescued when their lease expires, not sooner.
     """
-    current = _current
-    if current is not None and current.alive:
-        return current.id
-    return None
+    beating = current()
+    return beating.id if beating is not None else None
+
+
+def hold(part: Part, lease: Lease, ids: Iterable[Any]) -> Held:
+    """Register a claimed batch with this process's heartbeat (if it runs), which then
+    renews what runs and hands back what waits too long."""
+    held = Held(part, lease, ids)
+    beating = current()
+    if beating is not None:
+        beating.hold(held)
+    return held
+
+
+def let_go(held: Held) -> None:
+    """The batch is finished with (recorded, released or abandoned): stop tending it."""
+    beating = current()
+    if beating is not None:
+        beating.let_go(held)

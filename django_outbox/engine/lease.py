@@ -1,10 +1,18 @@
-"""Claiming rows under a lease and recording outcomes with fencing.
+"""Claiming rows under a lease, declaring the starts of attempts, writing with fencing.
 
 A lease is written with the database's clock (``locked_until = now() +
 LEASE_SECONDS``) and carries a fresh token; every write of an outcome matches
 on that token, and a rescue clears it, so a holder whose lease was taken over
 changes nothing. The claimer's worker id (``claimed_by``) lets a dead
 worker's rows be rescued as soon as its heartbeat stops.
+
+A claim is not an attempt. Just before a step starts on rows, :func:`declare`
+counts the attempt (``attempts + 1``), stamps when it started and sets
+``attempt_open``, in one statement fenced by the lease token: rows whose lease
+was taken over or handed back are not declared, and the step leaves them
+alone. A worker that dies before reaching a row leaves it undeclared, and the
+rescue gives it back uncounted; one that dies during a step leaves its rows
+declared, and the rescue records that attempt as ended uncleanly.
 """
 
 from __future__ import annotations
@@ -65,10 +73,10 @@ def claim(
     Rows locked by another claimer are skipped (``FOR UPDATE SKIP LOCKED``
     where the database has it). The UPDATE re-applies *queryset*'s filter, so
     on databases without row locks (SQLite, which serialises writers) a row
-    that stopped matching is not taken. ``attempts`` is counted here, so a
-    message that kills its sender every time still runs out of attempts.
-    *fields* limits the columns read back (the rest are deferred; the lease
-    fields are always set). Runs its own transaction where it needs one.
+    that stopped matching is not taken. The attempt is not counted here but
+    when the step starts on the row (:func:`declare`). *fields* limits the
+    columns read back (the rest are deferred; the lease fields are always set).
+    Runs its own transaction where it needs one.
     """
     connection = transaction.get_connection(queryset.db)
     if connection.vendor == "postgresql":
@@ -125,7 +133,6 @@ def _claim_select_then_update(
         locked_until=until,
         lock_token=lease.token,
         claimed_by=lease.worker,
-        attempts=F("attempts") + 1,
     )
     if updated != len(rows):
         # Another writer got some rows between our SELECT and UPDATE (only
@@ -137,7 +144,6 @@ def _claim_select_then_update(
         row.state = running_state  # type: ignore[attr-defined]
         row.lock_token = lease.token  # type: ignore[attr-defined]
         row.claimed_by = lease.worker  # type: ignore[attr-defined]
-        row.attempts += 1  # type: ignore[attr-defined]
     return rows
 
 
@@ -212,7 +218,7 @@ class ClaimStatement:
         sql = (
             f"UPDATE {q(meta.db_table)} SET {q('state')} = %s, "
             f"{q('locked_until')} = {until_sql}, {q('lock_token')} = %s, "
-            f"{q('claimed_by')} = %s, {q('attempts')} = {q('attempts')} + 1 "
+            f"{q('claimed_by')} = %s "
             f"WHERE {q(meta.pk.column)} = ANY(ARRAY({select_sql} FOR UPDATE SKIP LOCKED)) "
             f"RETURNING {columns}"
         )
@@ -251,6 +257,101 @@ class ClaimStatement:
             )
             rows.append(row)
         return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A declared attempt as the database recorded it."""
+
+    #: The row's attempts, this one included.
+    attempts: int
+    #: When it started (the database's clock).
+    attempted_at: Any
+    #: When the row's first attempt started, for a part that keeps it (jobs).
+    first_started: Any = None
+
+
+#: PostgreSQL declarations compiled once per model, columns and database.
+_DECLARE_SQL: dict[tuple[type[models.Model], str, str, str | None], str] = {}
+
+
+def declare(
+    model: type[models.Model],
+    ids: Sequence[Any],
+    lease: Lease,
+    *,
+    running_state: str,
+    using: str,
+    attempted_at_field: str,
+    first_started_field: str | None = None,
+) -> dict[Any, Started]:
+    """Count an attempt of the rows *ids* that are still held under *lease* and not
+    declared yet: ``attempts + 1``, ``attempt_open``, the attempt's start time (and the
+    first start, if the part keeps one). Returns what was declared, by primary key;
+    a row missing from it is no longer this lease's (taken over or handed back) and
+    must not be started. One statement on PostgreSQL, two elsewhere."""
+    if not ids:
+        return {}
+    connection = transaction.get_connection(using)
+    if connection.vendor == "postgresql":
+        return _declare_returning(
+            model, ids, lease, running_state, using, attempted_at_field, first_started_field
+        )
+    now = clock.now()
+    values: dict[str, Any] = {
+        "attempts": F("attempts") + 1,
+        "attempt_open": True,
+        attempted_at_field: now,
+    }
+    if first_started_field is not None:
+        from django.db.models.functions import Coalesce
+
+        values[first_started_field] = Coalesce(F(first_started_field), now)
+    held = fenced(model, lease, running_state, using)
+    with_ids(held.filter(attempt_open=False), ids).update(**values)
+    names = ["pk", "attempts", attempted_at_field]
+    if first_started_field is not None:
+        names.append(first_started_field)
+    found = with_ids(held.filter(attempt_open=True), ids).values_list(*names)
+    return {pk: Started(*rest) for pk, *rest in found}
+
+
+def _declare_returning(
+    model: type[models.Model],
+    ids: Sequence[Any],
+    lease: Lease,
+    running_state: str,
+    using: str,
+    attempted_at_field: str,
+    first_started_field: str | None,
+) -> dict[Any, Started]:
+    key = (model, using, attempted_at_field, first_started_field)
+    sql = _DECLARE_SQL.get(key)
+    connection = transaction.get_connection(using)
+    if sql is None:
+        q = connection.ops.quote_name
+        meta = model._meta
+        at = q(meta.get_field(attempted_at_field).column)  # type: ignore[union-attr]
+        sets = [
+            f"{q('attempts')} = {q('attempts')} + 1",
+            f"{q('attempt_open')} = true",
+            f"{at} = STATEMENT_TIMESTAMP()",
+        ]
+        returning = [q(meta.pk.column), q("attempts"), at]
+        if first_started_field is not None:
+            first = q(meta.get_field(first_started_field).column)  # type: ignore[union-attr]
+            sets.append(f"{first} = COALESCE({first}, STATEMENT_TIMESTAMP())")
+            returning.append(first)
+        sql = _DECLARE_SQL[key] = (
+            f"UPDATE {q(meta.db_table)} SET {', '.join(sets)} "
+            f"WHERE {q(meta.pk.column)} = ANY(%s) AND {q('lock_token')} = %s "
+            f"AND {q('state')} = %s AND NOT {q('attempt_open')} "
+            f"RETURNING {', '.join(returning)}"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [list(ids), lease.token, running_state])
+        records = cursor.fetchall()
+    return {record[0]: Started(*record[1:]) for record in records}
 
 
 def with_ids(queryset: models.QuerySet[M], ids: Sequence[Any]) -> models.QuerySet[M]:

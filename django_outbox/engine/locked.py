@@ -1,23 +1,33 @@
-"""Lock mode: the step runs inside the claiming transaction, under the row locks.
+"""Lock mode: the step runs inside one transaction with its rows' new state.
 
 Some steps must commit together with their row's new state: an inbox
 handler's database effects and the ``handled`` mark are one commit, or a
-crash between them would handle a message twice. For such a part (its
-``Lifecycle.running`` is ``None``) one cycle is one transaction:
+crash between them would handle a message twice. Such a part (its
+``Lifecycle.running`` is ``None``) runs a batch in two steps:
 
-1. claim up to ``BATCH_SIZE`` due rows with ``SELECT … FOR UPDATE SKIP LOCKED``
-   (other workers pass over them; SQLite, a single writer, needs no skip);
-2. the part's ``process`` does each row, normally in a savepoint of its own,
-   and yields the outcomes;
-3. the outcomes are written (attempts, backoff, dead-letter: the same rules
-   as in lease mode), then everything commits.
+1. **claim and count**, committed: up to ``BATCH_SIZE`` due rows are locked
+   with ``SELECT … FOR UPDATE SKIP LOCKED``, given a lease (other claimers
+   pass over them) and their attempt is counted (``attempts + 1``,
+   ``attempt_open``). The count is durable before anything runs: a row whose
+   handler kills its process (out of memory, a segfault, ``os._exit``) uses up
+   its attempts like any failure;
+2. **handle**, one transaction: the rows are locked again (by the lease's
+   token), the part's ``process`` does each row (normally in a savepoint of
+   its own) and yields outcomes, which are written (the engine's
+   transitions: retry, dead-letter, skip, defer) before everything commits.
 
-The row lock is the lease. A worker that dies mid-batch loses its
-connection, the database rolls the transaction back (effects included), and
-the rows are due again at once: there is no running state, nothing to
-rescue and nothing to fence. The price: a batch holds its transaction for
-as long as its handlers run, so keep handlers short (long work belongs in a
-job).
+A worker that dies in step 2 loses its connection: the database rolls the
+transaction back, effects included. The rows keep their counted attempt and
+``attempt_open``; they are due again when their lease runs out (at once when
+the heartbeats find the worker dead). A row claimed with ``attempt_open`` (or
+``unclean_end``) set ended its last attempt uncleanly: it is handled alone, in
+a transaction of its own, so a row that kills its worker cannot take its
+batch down with it, and once its attempts are used up it is dead-lettered
+with the reason instead of being handled again.
+
+The price: one more committed statement per batch, and a batch holds its
+transaction for as long as its handlers run, so keep handlers short (long
+work belongs in a job).
 """
 
 from __future__ import annotations
@@ -27,13 +37,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
+from django.db.models import F
 
-from django_outbox.engine import clock
-from django_outbox.engine.lease import update_each, with_ids
-from django_outbox.engine.part import Defer, Outcomes, Part, Skip
+from django_outbox.engine import clock, heartbeat, transitions
+from django_outbox.engine.lease import Lease, with_ids
+from django_outbox.engine.outcomes import Fail, Outcomes
+from django_outbox.engine.part import Part
 from django_outbox.engine.retry import retry_transient
-from django_outbox.engine.runner import ERROR_CHARS, Runner, RunResult
+from django_outbox.engine.runner import Runner, RunResult
+from django_outbox.engine.transitions import Change, Transition
 
 
 @dataclass
@@ -45,8 +58,37 @@ class LockedResult(RunResult):
     deferred: int = 0
 
 
+class LockedAttempt:
+    """What a lock-mode step sees: its deadline. The batch's attempts were counted when
+    it was claimed, so ``start`` only hands the rows back."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def start(self, rows: Sequence[Any], *, begin: bool = True) -> list[Any]:
+        return list(rows)
+
+    def begin(self, row: Any) -> bool:
+        return True
+
+    def idle(self) -> None:
+        pass
+
+
+@dataclass
+class Claimed:
+    """A lock-mode claim: the rows to handle, and which of them ended their last attempt
+    uncleanly (each is handled alone)."""
+
+    rows: list[Any]
+    lease: Lease
+    suspects: set[Any]
+    #: Rows dead-lettered at claim time: their worker died in every attempt they had.
+    worn_out: list[Change]
+
+
 class LockedRunner(Runner):
-    """Runs a lock-mode part's batches, one transaction per batch."""
+    """Runs a lock-mode part's batches: a committed claim, then one transaction."""
 
     result_class: type[LockedResult] = LockedResult
 
@@ -55,19 +97,107 @@ class LockedRunner(Runner):
             raise TypeError(f"{part.name} runs under leases: drive it with a Runner")
         super().__init__(part)
 
-    def run_batch(self, ids: Sequence[Any] | None = None) -> RunResult:
-        # A deadlock victim's or a lost connection's batch was rolled back whole,
-        # handlers' effects included: running it again is safe.
-        return retry_transient(
-            lambda: self._run_locked(ids), what=f"{self.part.name} batch", reconnect=self.using
-        )
+    # -- claim ---------------------------------------------------------------------
 
-    def _run_locked(self, ids: Sequence[Any] | None) -> RunResult:
+    def run_batch(self, ids: Sequence[Any] | None = None) -> RunResult:
+        claimed = retry_transient(
+            lambda: self._claim(ids), what=f"{self.part.name} claim", reconnect=self.using
+        )
+        result = self.result_class(claimed=len(claimed.rows), batches=1 if claimed.rows else 0)
+        if claimed.worn_out:
+            result += self._report(claimed.worn_out, 0)
+            result.claimed += len(claimed.worn_out)
+        if not claimed.rows:
+            return result
+        result += self._handle(claimed)
+        return result
+
+    def _claim(self, ids: Sequence[Any] | None) -> Claimed:
+        """Step 1: lock due rows, dead-letter those whose worker died in each of their
+        attempts, lease and count the rest; commit."""
+        part = self.part
+        lease = Lease.new(part.config.lease_seconds, heartbeat.current_worker_id())
+        model = part.model._default_manager.using(self.using)
         with transaction.atomic(using=self.using):
             rows = list(self._claimable(ids).select_for_update(skip_locked=True)[: self.batch_size])
-            result, done, failed = self._process(rows)
+            if not rows:
+                return Claimed([], lease, set(), [])
+            now = part.now()
+            suspects = {row.pk for row in rows if row.attempt_open or row.unclean_end}
+            worn: list[Change] = []
+            for row in rows:
+                if row.pk in suspects and row.attempts >= part.max_attempts(row):
+                    reason = (
+                        f"its worker stopped during each of its {row.attempts} attempt(s) "
+                        "(killed, out of memory, crashed): not handled again"
+                    )
+                    worn.append(transitions.decide(part, row, Fail(reason), now))
+            if worn:
+                transitions.apply(part, model.filter(state=part.lifecycle.ready), worn)
+            gone = {change.row.pk for change in worn}
+            rows = [row for row in rows if row.pk not in gone]
+            if rows:
+                with_ids(model, [row.pk for row in rows]).update(
+                    locked_until=clock.later(now, part.config.lease_seconds),
+                    lock_token=lease.token,
+                    claimed_by=lease.worker,
+                    attempt_open=True,
+                    **{part.attempted_at_field: now},
+                    attempts=F("attempts") + 1,
+                )
+        for row in rows:
+            row.attempts += 1
+            row.attempt_open = True
+            row.lock_token = lease.token
+            row.claimed_by = lease.worker
+        return Claimed(rows, lease, suspects - gone, worn)
+
+    # -- handle --------------------------------------------------------------------
+
+    def _handle(self, claimed: Claimed) -> LockedResult:
+        """Step 2: each suspect alone, then the rest together, each in one transaction;
+        rows a failed group never reached are given back uncounted."""
+        part = self.part
+        part.before_batch(claimed.rows)
+        groups = [[row] for row in claimed.rows if row.pk in claimed.suspects]
+        rest = [row for row in claimed.rows if row.pk not in claimed.suspects]
+        if rest:
+            groups.append(rest)
+        total = self.result_class()
+        for index, group in enumerate(groups):
+            try:
+                # A deadlock victim's or a lost connection's group was rolled back
+                # whole, handlers' effects included: running it again is safe.
+                total += retry_transient(
+                    lambda: self._run_locked(group, claimed.lease),  # noqa: B023
+                    what=f"{part.name} batch",
+                    reconnect=self.using,
+                )
+            except DatabaseError:
+                # The group's attempt counts and it runs alone next time; the groups
+                # not reached go back uncounted.
+                self._give_back(group, claimed.lease, unclean=True)
+                for later in groups[index + 1 :]:
+                    self._give_back(later, claimed.lease, unclean=False)
+                raise
+        return total
+
+    def _run_locked(self, rows: list[Any], lease: Lease) -> LockedResult:
+        part = self.part
+        ours = part.model._default_manager.using(self.using).filter(
+            state=part.lifecycle.ready, lock_token=lease.token
+        )
+        with transaction.atomic(using=self.using):
+            locked = set(
+                with_ids(ours, [row.pk for row in rows])
+                .select_for_update()
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
+            mine = [row for row in rows if row.pk in locked]
+            result, changes = self._process(mine, ours)
         # Hooks run once the outcomes (and the steps' effects) are committed.
-        self._after_commit(done, failed)
+        self._after_commit(changes)
         return result
 
     def run_owned(self, rows: Sequence[Any]) -> RunResult:
@@ -83,92 +213,89 @@ class LockedRunner(Runner):
             raise transaction.TransactionManagementError(
                 "run_owned() needs the transaction that created the rows"
             )
-        result, done, failed = self._process(list(rows))
-        transaction.on_commit(lambda: self._after_commit(done, failed), using=self.using)
+        for row in rows:
+            row.attempts += 1  # this attempt, written with its outcome
+        owned = self.part.model._default_manager.using(self.using).filter(
+            state=self.part.lifecycle.ready, lock_token__isnull=True
+        )
+        result, changes = self._process(list(rows), owned, count_attempts=True)
+        transaction.on_commit(lambda: self._after_commit(changes), using=self.using)
         return result
 
     def _process(
-        self, rows: list[Any]
-    ) -> tuple[LockedResult, list[Any], list[tuple[Any, str, bool]]]:
+        self, rows: list[Any], held: Any, *, count_attempts: bool = False
+    ) -> tuple[LockedResult, list[Change]]:
         """Run the part's step on *rows* and write the outcomes (inside a transaction)."""
         part = self.part
-        result = self.result_class(claimed=len(rows), batches=1 if rows else 0)
+        result = self.result_class()
         if not rows:
-            return result, [], []
-        deadline = time.monotonic() + part.config.lease_seconds
+            return result, []
+        attempt = LockedAttempt(time.monotonic() + part.config.lease_seconds * 0.8)
         outcomes: Outcomes = {}
-        for group in part.process(rows, deadline):
+        for group in part.process(rows, attempt):
             outcomes.update(group)
-        attempted = [row for row in rows if row.pk in outcomes]
-        result.released = len(rows) - len(attempted)
-        done, failed = self._write(attempted, outcomes, result)
-        return result, done, failed
+        decisions = transitions.Decisions(part, part.now())
+        changes = []
+        for row in rows:
+            outcome = outcomes.get(row.pk)
+            if outcome is None:
+                change = transitions.release(part, row)
+                change.values["attempts"] = max(row.attempts - 1, 0)
+            else:
+                change = decisions.decide(row, outcome)
+            if count_attempts and "attempts" not in change.values:
+                change.values = {**change.values, "attempts": row.attempts}
+            changes.append(change)
+        transitions.apply(part, held, changes)
+        for change in changes:
+            transition = change.transition
+            if transition is Transition.MARK_DONE:
+                result.done += 1
+            elif transition is Transition.SKIP:
+                result.skipped += 1
+            elif transition is Transition.DEFER:
+                result.deferred += 1
+            elif transition is Transition.RELEASE:
+                result.released += 1
+            elif change.will_retry:
+                result.retried += 1
+            else:
+                result.failed += 1
+        return result, changes
 
-    def _after_commit(self, done: list[Any], failed: list[tuple[Any, str, bool]]) -> None:
+    def _after_commit(self, changes: Sequence[Change]) -> None:
+        done = transitions.rows_of(changes, Transition.MARK_DONE)
         if done:
             self.part.on_done(done)
-        for row, text, retry in failed:
-            self.part.on_failed(row, text, retry)
+        for change in changes:
+            if change.failed:
+                self.part.on_failed(change.row, change.error, change.will_retry)
 
-    def _write(
-        self, rows: Sequence[Any], outcomes: Outcomes, result: LockedResult
-    ) -> tuple[list[Any], list[tuple[Any, str, bool]]]:
-        """Write the outcomes of *rows* inside the batch's transaction."""
+    def _give_back(self, rows: Sequence[Any], lease: Lease, *, unclean: bool) -> None:
+        """Clear the claim of *rows* after their group failed: due again at once. Their
+        attempt stays counted and they run alone next time (*unclean*), or, never
+        reached, their attempt is uncounted."""
         part = self.part
-        life = part.lifecycle
-        now = part.now()
-        done: list[Any] = []
-        failed: list[tuple[Any, str, bool]] = []
-        changes: dict[Any, dict[str, Any]] = {}
-        for row in rows:
-            outcome = outcomes[row.pk]
-            if isinstance(outcome, Defer):
-                # Not an attempt: it waits for something else (a gap in its key).
-                changes[row.pk] = {
-                    "available_at": clock.later(now, outcome.seconds),
-                    "last_error": outcome.reason[:ERROR_CHARS],
-                }
-                result.deferred += 1
-                continue
-            row.attempts += 1
-            if outcome is None:
-                done.append(row)
-                changes[row.pk] = {
-                    "state": life.done,
-                    "attempts": row.attempts,
-                    "last_error": "",
-                    **part.done_values(now),
-                }
-            elif isinstance(outcome, Skip):
-                if life.skipped is None:
-                    raise TypeError(f"{part.name} has no skipped state for {outcome!r}")
-                changes[row.pk] = {
-                    "state": life.skipped,
-                    "attempts": row.attempts,
-                    "last_error": outcome.reason[:ERROR_CHARS],
-                    **part.done_values(now),
-                }
-                result.skipped += 1
-            else:
-                change, text, retry = self._failure(row, outcome, now)
-                changes[row.pk] = {
-                    **change,
-                    "attempts": row.attempts,
-                    "last_error": text,
-                    **part.failed_values(row, outcome),
-                }
-                failed.append((row, text, retry))
-                if retry:
-                    result.retried += 1
-                else:
-                    result.failed += 1
-        ready = part.model._default_manager.using(self.using).filter(state=life.ready)
-        update_each(with_ids(ready, list(changes)), changes)
-        result.done += len(done)
-        return done, failed
+        ours = part.model._default_manager.using(self.using).filter(
+            state=part.lifecycle.ready, lock_token=lease.token
+        )
+        values: dict[str, Any] = dict(transitions.LEASE_CLEARED)
+        if unclean:
+            values.update(attempt_open=False, unclean_end=True)
+        else:
+            values.update(transitions.release_values(part))
+            values.pop("state")
+
+        def write() -> int:
+            return int(with_ids(ours, [row.pk for row in rows]).update(**values))
+
+        try:
+            retry_transient(write, what=f"give back {part.name} rows", reconnect=self.using)
+        except DatabaseError:
+            self.unsettled.append(write)
 
     def release(self, rows: Sequence[Any], lease: Any = None) -> int:
-        """Nothing to give back: rows the step did not reach stay due when the batch commits."""
+        """Lock mode gives rows back inside its transaction (see ``_process``)."""
         return 0
 
     def _more(self, result: RunResult) -> bool:
@@ -177,4 +304,4 @@ class LockedRunner(Runner):
         return result.claimed >= self.batch_size and result.claimed > deferred
 
     def _can_prefetch(self) -> bool:
-        return False  # a prefetched batch would hold its row locks while it waits
+        return False  # a prefetched batch would hold its claim while it waits

@@ -165,25 +165,27 @@ class WorkerLoop:
         if self.heartbeat:
             heartbeat.start(part.name, part.using).on_rescue(part.name, waiter.wake)
         next_sweep = 0.0
+        outage = Outage(part.name)
         try:
             while not self.stopping.is_set():
                 try:
+                    # What a failed iteration left unwritten first (outcomes, releases).
+                    self.runner.settle()
                     if time.monotonic() >= next_sweep:
                         sweeps.rescue_stuck(part)
-                        part.maintain()
+                        self._maintain()
                         next_sweep = time.monotonic() + self.sweep_interval
                     left = None if self.max_batches is None else self.max_batches - total.batches
                     result = self.runner.drain(max_batches=left)
-                except Error:
-                    # A database restart or failover must not end the worker:
-                    # whatever it held is fenced and rescued.
+                except Error as exc:
+                    # A database restart or failover must not end the worker: what it
+                    # held is written back when the database returns, or rescued.
                     self.errors += 1
-                    logger.exception(
-                        "%s iteration failed; retrying in %ss", part.name, self.retry_delay
-                    )
+                    outage.failed(exc, self.retry_delay)
                     connections[part.using].close()
                     self.stopping.wait(self.retry_delay)
                     continue
+                outage.recovered()
                 total += result
                 if result.claimed and self.report:
                     self.report(result)
@@ -198,3 +200,48 @@ class WorkerLoop:
             if self.heartbeat:
                 heartbeat.stop()
         return total
+
+    def _maintain(self) -> None:
+        """The part's periodic work; its failure is logged, never the loop's end."""
+        try:
+            self.runner.part.maintain()
+        except Error:
+            raise  # the database: the loop's outage handling says it once
+        except Exception:
+            logger.exception("%s maintenance failed; the loop goes on", self.runner.part.name)
+
+
+class Outage:
+    """Says a failure once per episode (with its traceback), and when it ends."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None
+        self.failures = 0
+
+    def failed(self, exc: BaseException, retry_in: float) -> None:
+        self.failures += 1
+        if self.since is None:
+            self.since = time.monotonic()
+            logger.error(
+                "%s iteration failed (%s: %s); retrying every %gs, quiet until it works",
+                self.what,
+                type(exc).__name__,
+                exc,
+                retry_in,
+                exc_info=exc,
+            )
+        else:
+            logger.debug("%s iteration failed again: %s", self.what, exc)
+
+    def recovered(self) -> None:
+        if self.since is None:
+            return
+        logger.warning(
+            "%s works again after %.1f s (%d failed iteration(s))",
+            self.what,
+            time.monotonic() - self.since,
+            self.failures,
+        )
+        self.since = None
+        self.failures = 0

@@ -23,6 +23,20 @@ class EngineRow(models.Model):
     claimed_by = models.UUIDField(
         null=True, blank=True, help_text="The worker that holds (or last held) the lease."
     )
+    #: Set when an attempt starts (the step began on the row) and cleared when its
+    #: outcome is recorded. A running row without it was claimed but not started.
+    attempt_open = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="An attempt started and has not recorded how it ended.",
+    )
+    #: The last attempt ended without an outcome (its worker died during it): the row
+    #: runs alone next time, so a row that kills its worker takes no other row down.
+    unclean_end = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="The last attempt ended with its worker dying: it runs alone next time.",
+    )
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -44,6 +58,10 @@ class Worker(models.Model):
     name = models.CharField(max_length=255, help_text="host:pid and role.")
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
+    #: Since when every heartbeat of this worker succeeded (the database's clock). A
+    #: worker beating for longer than the timeout proves the database was reachable:
+    #: a worker silent all that time is dead (or cut off), not waiting out an outage.
+    healthy_since = models.DateTimeField(default=timezone.now)
 
     class Meta:
         app_label = "django_outbox"

@@ -71,7 +71,7 @@ def claim_followers(runner: Runner, heads: Sequence[Any], lease: Lease, room: in
             )
         )
         .order_by(*key_fields, sequence)
-        .only("pk", *key_fields, sequence, "state")[: room * 4]
+        .only("pk", *key_fields, sequence, "state", *part.scope_fields)[: room * 4]
     )
     chosen: list[Any] = []
     chosen_slots: list[tuple[Any, tuple[Any, ...]]] = []
@@ -80,7 +80,9 @@ def claim_followers(runner: Runner, heads: Sequence[Any], lease: Lease, room: in
         slot = slot_of(row)
         if slot in blocked:
             continue
-        if row.state != life.ready or not row.is_due:
+        if row.state != life.ready or not row.is_due or not part.takes(row):
+            # Not due, not ready, or for other workers (a job of another queue): the
+            # rest of its key waits for it.
             blocked.add(slot)
             continue
         chosen.append(row.pk)

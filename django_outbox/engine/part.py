@@ -11,8 +11,14 @@ rescuing and purging. A part is a plain class over one model::
         lifecycle = Lifecycle(ready="should_be_sent", running="sending", done="sent",
                               failed="send_error", finished=("sent", "cancelled"))
 
-        def process(self, rows, deadline):
-            ...  # publish; yield {pk: None (done) or an error} as outcomes come in
+        def process(self, rows, attempt):
+            for chunk in ...:
+                chunk = attempt.start(chunk)   # the attempt counts from here
+                ...  # publish; yield {pk: DONE, Retry(...), ...} as outcomes come in
+
+What the engine's states mean for every part, and who moves rows between
+them, is in ``engine.transitions``; how outcomes are named, in
+``engine.outcomes``.
 """
 
 from __future__ import annotations
@@ -22,36 +28,34 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from django.db import DEFAULT_DB_ALIAS, models
 from django.db.models import Q
 
 from django_outbox.conf import EngineSettings, Settings, get_settings
 from django_outbox.engine import clock
-from django_outbox.exceptions import DeliveryError
+from django_outbox.engine.outcomes import Done, Fail, Outcomes, Retry, Uncertain
 
 
-@dataclass(frozen=True)
-class Skip:
-    """Outcome: deliberately not done; the row ends in the part's ``skipped`` state."""
+class Attempt(Protocol):
+    """What a step sees of its batch (``engine.runner.LeaseAttempt`` in lease mode,
+    ``engine.locked.LockedAttempt`` in lock mode)."""
 
-    reason: str
+    #: ``time.monotonic()`` after which the step starts nothing new.
+    deadline: float
 
+    def start(self, rows: Sequence[Any], *, begin: bool = True) -> list[Any]:
+        """Count the attempt of *rows* as started; return those the step may do."""
+        ...
 
-@dataclass(frozen=True)
-class Defer:
-    """Outcome: not yet; the row is due again after *seconds*, the attempt not counted."""
+    def begin(self, row: Any) -> bool:
+        """The step starts on *row* (declared ahead with ``begin=False``) now."""
+        ...
 
-    seconds: float
-    reason: str
-
-
-#: Per row primary key: ``None`` when the step succeeded, the error otherwise
-#: (``Skip`` and ``Defer`` only from lock-mode parts). A row missing from every
-#: outcome was not attempted and goes back as it was.
-Outcome = DeliveryError | Skip | Defer | None
-Outcomes = dict[Any, Outcome]
+    def idle(self) -> None:
+        """Nothing of the batch runs now."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -155,29 +159,48 @@ class Part:
         return clock.now(pinned)
 
     def due(self) -> models.QuerySet[Any]:
-        """Rows that may be claimed now, in the order to claim them (parked rows of a
-        key that waits on a failed head are not due)."""
+        """Rows that may be claimed now, in the order to claim them: the part's one
+        selection of due rows (parked rows of a key that waits on a failed head are not
+        due; nor, in lock mode, rows under a live lease)."""
+        now = self.now()
         due = self.model._default_manager.using(self.using).filter(
-            state=self.lifecycle.ready, available_at__lte=self.now()
+            state=self.lifecycle.ready, available_at__lte=now
         )
         if self.ordering is not None:
             due = due.filter(blocked=False)
+        if self.lifecycle.running is None:
+            due = due.filter(Q(locked_until__isnull=True) | Q(locked_until__lt=now))
         return due.order_by("available_at", "pk")
+
+    #: Columns ``takes()`` reads (a follower's queue, say).
+    scope_fields: ClassVar[tuple[str, ...]] = ()
+
+    def takes(self, row: Any) -> bool:
+        """Whether this runner may run *row* at all (a jobs runner: a job of its queues).
+        ``due()`` applies the same rule in SQL; this is for rows found otherwise (the
+        followers of a key)."""
+        return True
 
     def claim_variant(self) -> Any:
         """What, besides the part, shapes ``due()`` (a hashable; compiled claims are
         cached per value): the queues a jobs runner takes, say."""
         return None
 
-    def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
-        """Do the step for *rows*; yield outcomes as they come (recorded at once).
-
-        *deadline* is a ``time.monotonic()`` value: start nothing after it.
+    def process(self, rows: Sequence[Any], attempt: Attempt) -> Iterator[Outcomes]:
+        """Do the step for *rows*; yield outcomes as they come (each group is recorded
+        at once). Call ``attempt.start(rows)`` just before the step starts on rows and
+        do only the rows it returns; start nothing after ``attempt.deadline`` (a
+        ``time.monotonic()`` value). Rows given no outcome go back unattempted.
         """
         raise NotImplementedError
 
-    def done_values(self, now: clock.Instant) -> Mapping[str, Any]:
-        """Extra fields set on a row that finished (besides ``state``)."""
+    #: The field stamped when an attempt starts.
+    attempted_at_field: ClassVar[str] = "attempted_at"
+    #: A field stamped with the first attempt's start and then kept (jobs' ``started_at``).
+    first_started_field: ClassVar[str | None] = None
+
+    def done_values(self, now: clock.Instant | None) -> Mapping[str, Any]:
+        """Extra fields set on every row that finished (besides ``state``)."""
         return {"finished_at": now}
 
     def max_attempts(self, row: Any) -> int:
@@ -192,26 +215,27 @@ class Part:
         """Whether an uncertain outcome parks *row* for an operator instead of retrying."""
         return False
 
-    def failed_values(self, row: Any, error: DeliveryError) -> Mapping[str, Any]:
-        """Extra fields set on a row whose attempt failed (a traceback, say)."""
+    def failed_values(self, row: Any, outcome: Retry | Fail | Uncertain) -> Mapping[str, Any]:
+        """Extra fields set on a row whose attempt failed (a traceback, say), from the
+        outcome's ``details``."""
         return {}
 
-    def done_row_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
+    def done_row_values(self, row: Any, outcome: Done) -> Mapping[str, Any]:
         """Extra fields of *row*'s own set when it finished (a job's return value);
         rows with the same values share one UPDATE."""
         return {}
 
     def dead_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
-        """Extra fields set on a row whose failure is final (lease mode)."""
+        """Extra fields set on a row dead-lettered (a job's ``finished_at``)."""
         return {}
 
-    def held_values(self) -> Mapping[str, Any]:
-        """Extra fields set on a row parked because its outcome is uncertain."""
+    def held_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
+        """Extra fields set on a row held because its outcome is uncertain."""
         return {}
 
-    def rescue_holds(self) -> Q:
-        """Which rows of a dead holder to park for an operator instead of running again."""
-        return Q(attempts__gte=self.config.max_attempts)
+    def requeue_values(self) -> Mapping[str, Any]:
+        """Extra fields an operator's requeue resets (the outbox's ``uncertain`` mark)."""
+        return {}
 
     # -- hooks (signals, logs); no-ops by default ------------------------------
 
@@ -227,6 +251,16 @@ class Part:
     def maintain(self) -> None:
         """The part's own periodic work, run by worker loops with their lease sweep (the
         jobs complete batches whose last finisher died)."""
+
+    def before_batch(self, rows: Sequence[Any]) -> None:
+        """Lock mode: called with a claimed batch before its transaction opens (the inbox
+        creates the cursors of its keys here, outside the handlers' transaction)."""
+
+    def wake(self) -> None:
+        """Tell this part's runners that rows are due (after a rescue or a hand-back)."""
+        from django_outbox.engine import triggers
+
+        triggers.dispatch(self.name, self.using, [])
 
 
 def lease_floor(heartbeat_seconds: float) -> float:

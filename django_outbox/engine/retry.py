@@ -42,6 +42,15 @@ def is_transient(exc: BaseException) -> bool:
 _LOST_MYSQL_CODES = frozenset({2006, 2013, 2055, 4031})
 
 
+def connection_broken(using: str) -> bool:
+    """Whether the connection *using* is closed or broken (a query on it cannot succeed,
+    whatever the transaction): the work must go again on a new connection."""
+    raw = connections[using].connection
+    if raw is None:
+        return False  # never opened, or closed on purpose: nothing in flight
+    return bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
+
+
 def connection_lost(using: str, exc: BaseException) -> bool:
     """Whether *exc* means the connection *using* is gone, and it may be replaced (no
     transaction of the caller's is open on it)."""

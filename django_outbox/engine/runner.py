@@ -1,11 +1,19 @@
 """The engine's cycle: claim a batch under a lease, do the step, record the outcomes.
 
-``Runner(part)`` drives any :class:`~django_outbox.engine.part.Part`. One
-cycle claims up to ``BATCH_SIZE`` due rows in one statement, hands them to
-the part's ``process`` and records each group of outcomes as it comes back,
-in a few UPDATEs fenced by the lease token: a runner whose lease was taken
-over changes nothing. Retryable failures back off with jitter, exhausted or
-permanent ones are dead-lettered, unattempted rows go back uncounted.
+``Runner(part)`` drives any :class:`~django_outbox.engine.part.Part` in lease
+mode. One cycle claims up to ``BATCH_SIZE`` due rows in one statement and
+hands them to the part's ``process``, which declares the start of each
+attempt (:meth:`Attempt.start`) and yields outcomes in groups; each group is
+recorded at once in a few UPDATEs fenced by the lease token (a runner whose
+lease was taken over changes nothing), through the engine's transitions
+(``engine.transitions``).
+
+Whatever happens in the step, the batch is given back: rows without an
+outcome are released in a ``finally``, and a write that failed (the database
+went away) is kept and tried again by :meth:`Runner.settle` before the next
+batch. Meanwhile nothing renews those rows' leases (only what a step is
+running is renewed), so if the process cannot write them back, the leases run
+out and a sweep takes the rows back.
 """
 
 from __future__ import annotations
@@ -13,31 +21,31 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Self
 
 from django.db import DatabaseError, connections, models, transaction
-from django.db.models import F
 
 from django_outbox import conf
-from django_outbox.engine import clock, heartbeat, ordering
-from django_outbox.engine.backoff import backoff_delay
+from django_outbox.engine import heartbeat, ordering, transitions
 from django_outbox.engine.lease import (
     IDS,
     ClaimStatement,
     Lease,
     claim,
+    declare,
     fenced,
-    update_each,
     with_ids,
 )
-from django_outbox.engine.part import Outcomes, Part
+from django_outbox.engine.outcomes import Outcomes
+from django_outbox.engine.part import Part
 from django_outbox.engine.retry import retry_transient
-from django_outbox.exceptions import DeliveryError, RetryableError, UncertainError
+from django_outbox.engine.transitions import Transition
 
-ERROR_CHARS = 4000
+#: Kept for callers of the old name.
+ERROR_CHARS = transitions.ERROR_CHARS
 
 #: Compiled claims (PostgreSQL) per part, database, batch size and whether ids
 #: narrow them: a Celery task builds a new runner for every trigger. Settings
@@ -54,19 +62,86 @@ class RunResult:
     done: int = 0
     retried: int = 0
     failed: int = 0
-    #: Claimed but not attempted (behind a failed row of its key, or out of time).
+    #: Claimed but not attempted (behind a failed row of its key, out of time, handed
+    #: back to other workers, or its lease lost before it started).
     released: int = 0
     #: Outcomes not recorded because the lease had been taken over.
     fenced: int = 0
     batches: int = 0
 
-    def __iadd__(self, other: RunResult) -> RunResult:
+    def __iadd__(self, other: RunResult) -> Self:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         return self
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class LeaseAttempt:
+    """What a part's step sees of its claimed batch: the deadline, and the declaration
+    of each attempt's start."""
+
+    def __init__(self, runner: Runner, lease: Lease, held: heartbeat.Held, rows: Sequence[Any]):
+        self.runner = runner
+        self.lease = lease
+        self.held = held
+        #: ``time.monotonic()`` after which the step starts nothing new.
+        self.deadline = lease.deadline()
+        #: Rows of the batch not recorded yet, by primary key.
+        self.pending: dict[Any, Any] = {row.pk: row for row in rows}
+
+    def start(self, rows: Sequence[Any], *, begin: bool = True) -> list[Any]:
+        """Declare that the step starts on *rows* (counts their attempt) and return those
+        it may do: rows handed back, or whose lease was taken over, are left out and
+        are no longer this batch's. With ``begin=False`` they are declared ahead (a
+        window of short jobs) and each is begun with :meth:`begin`."""
+        held = self.held
+        ids = [row.pk for row in rows if row.pk in self.pending]
+        if begin:
+            ids = held.begin(ids)
+        else:
+            with held.lock:
+                ids = [pk for pk in ids if pk in held.unstarted]
+        part = self.runner.part
+        started = retry_transient(
+            lambda: declare(
+                part.model,
+                ids,
+                self.lease,
+                running_state=self.runner.running,
+                using=part.using,
+                attempted_at_field=part.attempted_at_field,
+                first_started_field=part.first_started_field,
+            ),
+            what=f"start {part.name} attempts",
+            reconnect=part.using,
+        )
+        chosen = []
+        for row in rows:
+            mark = started.get(row.pk)
+            if mark is None:
+                # Handed back, or the lease was taken over: not this batch's any more.
+                self.pending.pop(row.pk, None)
+                continue
+            row.attempts = mark.attempts
+            row.attempt_open = True
+            setattr(row, part.attempted_at_field, mark.attempted_at)
+            if part.first_started_field is not None:
+                setattr(row, part.first_started_field, mark.first_started)
+            chosen.append(row)
+        return chosen
+
+    def begin(self, row: Any) -> bool:
+        """The step starts on *row* now (declared ahead): False if it was handed back."""
+        if self.held.begin([row.pk]):
+            return True
+        self.pending.pop(row.pk, None)
+        return False
+
+    def idle(self) -> None:
+        """The step is between rows (recording, waiting): nothing of it is running."""
+        self.held.end_step()
 
 
 class Runner:
@@ -77,6 +152,9 @@ class Runner:
     def __init__(self, part: Part) -> None:
         self.part = part
         self.logger = part.logger
+        #: Writes that failed (outcomes to record, rows to release), tried again by
+        #: ``settle()``: fenced, so repeating one late changes nothing it should not.
+        self.unsettled: list[Callable[[], Any]] = []
 
     @property
     def running(self) -> str:
@@ -127,7 +205,7 @@ class Runner:
         return statement
 
     def claim_batch(self, ids: Sequence[Any] | None = None) -> tuple[list[Any], Lease]:
-        """Claim up to ``batch_size`` due rows under a new lease."""
+        """Claim up to ``batch_size`` due rows under a new lease (no attempt counted)."""
         part = self.part
         lease = Lease.new(part.lease_seconds(), heartbeat.current_worker_id())
         statement = self._prepared(ids is not None)
@@ -146,7 +224,7 @@ class Runner:
 
         # One statement (or one transaction): a deadlock victim's claim was
         # rolled back whole, so running it again under the same lease is safe.
-        rows = retry_transient(take, what=f"{part.name} claim")
+        rows = retry_transient(take, what=f"{part.name} claim", reconnect=self.using)
         room = self.batch_size - len(rows)
         if part.ordering is not None and room > 0 and rows:
             # Followers are an optimisation: if claiming them fails, the heads
@@ -157,147 +235,141 @@ class Runner:
                 self.logger.warning("claiming followers failed; running the heads alone")
         return rows, lease
 
-    def _run(self, rows: list[Any], lease: Lease) -> RunResult:
+    def _run(self, rows: list[Any], lease: Lease, held: heartbeat.Held | None = None) -> RunResult:
         result = self.result_class(claimed=len(rows), batches=1 if rows else 0)
         if not rows:
             return result
-        pending = {row.pk: row for row in rows}
-        for outcomes in self.part.process(rows, lease.deadline()):
-            batch = [pending.pop(pk) for pk in list(outcomes) if pk in pending]
-            if batch:
-                result += self.record(batch, outcomes, lease)
-        if pending:
-            released = self.release(list(pending.values()), lease)
-            result.released += len(pending)
-            result.fenced += len(pending) - released
+        if held is None:
+            held = heartbeat.hold(self.part, lease, [row.pk for row in rows])
+        attempt = LeaseAttempt(self, lease, held, rows)
+        steps = self.part.process(rows, attempt)
+        try:
+            for outcomes in steps:
+                attempt.idle()
+                group = [attempt.pending.pop(pk) for pk in list(outcomes) if pk in attempt.pending]
+                if group:
+                    result += self._record_or_keep(group, outcomes, lease)
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+            heartbeat.let_go(held)
+            # Rows the step never reached (or reached and gave no outcome) go back now.
+            leftover = [row for pk, row in attempt.pending.items() if pk not in held.handed_back]
+            result.released += len(held.handed_back) + len(leftover)
+            if leftover:
+                result.fenced += len(leftover) - self._release_or_keep(leftover, lease)
         return result
+
+    def _record_or_keep(self, rows: list[Any], outcomes: Outcomes, lease: Lease) -> RunResult:
+        try:
+            return self.record(rows, outcomes, lease)
+        except DatabaseError:
+            self.unsettled.append(lambda: self.record(rows, outcomes, lease))
+            raise
+
+    def _release_or_keep(self, rows: list[Any], lease: Lease) -> int:
+        try:
+            return self.release(rows, lease)
+        except DatabaseError:
+            self.logger.warning(
+                "could not give back %d %s row(s); trying again before the next batch "
+                "(or their lease runs out and a sweep takes them)",
+                len(rows),
+                self.part.name,
+            )
+            self.unsettled.append(lambda: self.release(rows, lease))
+            return len(rows)
+
+    def settle(self) -> int:
+        """Write what a failed batch left unwritten (its outcomes, its releases): fenced,
+        so a write whose lease meanwhile ran out changes nothing. Raises the database's
+        error if it is still away. Returns how many writes were settled."""
+        settled = 0
+        while self.unsettled:
+            self.unsettled[0]()
+            self.unsettled.pop(0)
+            settled += 1
+        return settled
 
     # -- recording -------------------------------------------------------------
 
     def record(self, rows: Sequence[Any], outcomes: Outcomes, lease: Lease) -> RunResult:
         """Record the outcomes of *rows* (all present in *outcomes*), fenced by *lease*."""
         part = self.part
-        life = part.lifecycle
-        now = part.now()
-        result = self.result_class()
+        decisions = transitions.Decisions(part, part.now())
+        changes = [decisions.decide(row, outcomes[row.pk]) for row in rows]
         held = fenced(part.model, lease, self.running, self.using)
-        done = [row for row in rows if outcomes[row.pk] is None]
-        keyed = part.ordering.key_fields if part.ordering is not None else ()
-        changes: dict[Any, dict[str, Any]] = {}
-        failed: list[tuple[Any, str, bool]] = []
-        for row in rows:
-            error = outcomes[row.pk]
-            if error is None:
-                continue
-            if not isinstance(error, DeliveryError):
-                raise TypeError(f"a lease-mode part returned {error!r}: only errors or None")
-            change, text, retry = self._failure(row, error, now)
-            changes[row.pk] = {
-                **change,
-                "last_error": text,
-                "locked_until": None,
-                "lock_token": None,
-                "claimed_by": None,
-                **part.failed_values(row, error),
-                **({} if retry else part.dead_values(row, now)),
-            }
-            if keyed and getattr(row, keyed[-1]) is not None:
-                changes[row.pk]["blocking"] = True
-            failed.append((row, text, retry))
-            if retry:
-                result.retried += 1
-            else:
-                result.failed += 1
-        done_values = {"state": life.done, **part.done_values(now), "locked_until": None}
-        # Keys whose failed head now finished release their parked rows; keys
-        # whose head failed park theirs. Rare, and in the same transaction.
-        releasing = [row for row in done if getattr(row, "blocking", False)]
-        parking = [row for row in rows if changes.get(row.pk, {}).get("blocking")]
-        if keyed:
-            done_values.update(blocking=False, blocked=False)
 
-        # Parts that record something of each row's own (a job's return value).
-        per_row = {row.pk: part.done_row_values(row, now) for row in done}
-        if not any(per_row.values()):
-            per_row = {}
-
-        def write() -> tuple[int, int]:
-            many = (bool(done) and bool(changes)) or bool(releasing) or bool(parking)
-            with transaction.atomic(using=self.using) if many else nullcontext():
-                # By id as well as by token: rows under this lease that are not
-                # in this group were not done. Finished rows keep their token
-                # and worker: who finished them, and a way to tell ours apart.
-                recorded_done = (
-                    with_ids(held, [row.pk for row in done]).update(**done_values)
-                    if done and not per_row
-                    else update_each(held, {pk: {**done_values, **v} for pk, v in per_row.items()})
-                )
-                recorded = recorded_done + update_each(held, changes)
-                if releasing:
-                    ordering.unblock(part, releasing)
-                if parking:
-                    ordering.block(part, parking)
-                return recorded_done, recorded
+        def write() -> transitions.Applied:
+            # One UPDATE needs no transaction: every row finished, nothing of its own.
+            # Keys parked or freed are more statements.
+            single = all(c.values is changes[0].values for c in changes) and not any(
+                c.values.get("blocking") or getattr(c.row, "blocking", False) for c in changes
+            )
+            with nullcontext() if single else transaction.atomic(using=self.using):
+                return transitions.apply(part, held, changes)
 
         # Every write is fenced by the lease token and a failed transaction is
         # rolled back whole, so repeating it records each outcome once.
-        recorded_done, recorded = retry_transient(
-            write, what=f"record {part.name} outcomes", reconnect=self.using
-        )
-        if recorded_done < len(done):
-            # Some leases were taken over: report only what this runner recorded.
-            mine = set(
-                part.model._default_manager.using(self.using)
-                .filter(pk__in=[row.pk for row in done], state=life.done, lock_token=lease.token)
-                .values_list("pk", flat=True)
-            )
-            done = [row for row in done if row.pk in mine]
-        result.done = len(done)
-        result.fenced = len(rows) - recorded
-        if result.fenced:
+        applied = retry_transient(write, what=f"record {part.name} outcomes", reconnect=self.using)
+        written = changes
+        if applied.fenced:
+            written = self._still_ours(changes, lease)
             self.logger.warning(
-                "%d outcome(s) not recorded: the lease expired and was taken over", result.fenced
+                "%d outcome(s) not recorded: the lease expired and was taken over",
+                len(changes) - len(written),
             )
+        return self._report(written, len(changes) - len(written))
+
+    def _still_ours(
+        self, changes: list[transitions.Change], lease: Lease
+    ) -> list[transitions.Change]:
+        """The changes of a partly fenced group that were written: rows now in the state
+        their change set (done rows also still carry this lease's token)."""
+        part = self.part
+        rows = part.model._default_manager.using(self.using).filter(
+            pk__in=[c.row.pk for c in changes]
+        )
+        now_in = dict(rows.values_list("pk", "state"))
+        tokens = dict(rows.values_list("pk", "lock_token"))
+        kept = []
+        for change in changes:
+            if now_in.get(change.row.pk) != change.values.get("state"):
+                continue
+            if change.transition is Transition.MARK_DONE and tokens.get(change.row.pk) != (
+                lease.token
+            ):
+                continue
+            kept.append(change)
+        return kept
+
+    def _report(self, changes: Sequence[transitions.Change], fenced_out: int) -> RunResult:
+        """Counts of recorded *changes*, and the part's hooks (signals, logs)."""
+        part = self.part
+        result = self.result_class(fenced=fenced_out)
+        done = transitions.rows_of(changes, Transition.MARK_DONE)
+        result.done = len(done)
+        result.retried = sum(1 for c in changes if c.will_retry)
+        result.failed = sum(
+            1 for c in changes if c.transition in (Transition.DEAD_LETTER, Transition.HOLD)
+        )
         if done:
             part.on_done(done)
-        for row, text, retry in failed:
-            part.on_failed(row, text, retry)
+        for change in changes:
+            if change.failed:
+                part.on_failed(change.row, change.error, change.will_retry)
         return result
 
-    def _failure(
-        self, row: Any, error: DeliveryError, now: clock.Instant
-    ) -> tuple[dict[str, Any], str, bool]:
-        """The change for a failed attempt: retry with backoff, park, or dead-letter."""
-        part = self.part
-        life = part.lifecycle
-        text = (str(error) or type(error).__name__)[:ERROR_CHARS]
-        if isinstance(error, UncertainError) and part.holds_uncertain(row):
-            text = f"outcome uncertain, held for an operator: {text}"
-            return {"state": life.failed, **part.held_values()}, text, False
-        retryable = isinstance(error, RetryableError)
-        if retryable and row.attempts < part.max_attempts(row):
-            base, maximum = part.retry_delays(row)
-            delay = backoff_delay(row.attempts, base=base, maximum=maximum, rng=part.rng)
-            change = {"state": life.ready, "available_at": clock.later(now, delay)}
-            return change, text, True
-        if retryable:
-            attempts = "1 attempt" if row.attempts == 1 else f"{row.attempts} attempts"
-            text = f"gave up after {attempts}: {text}"
-        return {"state": life.failed}, text, False
-
     def release(self, rows: Sequence[Any], lease: Lease) -> int:
-        """Give claimed, unattempted *rows* back at once (their attempt uncounted)."""
-        life = self.part.lifecycle
-        held = fenced(self.part.model, lease, self.running, self.using)
+        """Give claimed *rows* back at once (an attempt declared but not run uncounted)."""
+        part = self.part
+        held = fenced(part.model, lease, self.running, self.using)
         return retry_transient(
             lambda: with_ids(held, [row.pk for row in rows]).update(
-                state=life.ready,
-                attempts=F("attempts") - 1,
-                locked_until=None,
-                lock_token=None,
-                claimed_by=None,
+                **transitions.release_values(part)
             ),
-            what=f"release {self.part.name} rows",
+            what=f"release {part.name} rows",
             reconnect=self.using,
         )
 
@@ -314,6 +386,7 @@ class Runner:
         """
         budget = self.part.config.drain_seconds if time_budget is None else time_budget
         deadline = time.monotonic() + budget
+        self.settle()
         # The first batch runs here: an idle poll (nothing or little due) costs
         # one claim, no helper thread and no second database connection.
         total = self.run_batch()
@@ -331,6 +404,11 @@ class Runner:
                 break
         return total
 
+    def more_due(self, result: RunResult) -> bool:
+        """Whether rows may still be due after a drain that returned *result* (it ran
+        out of time or batches, not of rows)."""
+        return self._more(result)
+
     def _more(self, result: RunResult) -> bool:
         """Whether a drain goes on after *result*: a full batch means more may be due."""
         return result.claimed >= self.batch_size
@@ -346,8 +424,8 @@ class Runner:
         )
 
     def _drain_prefetching(self, deadline: float, max_batches: int | None) -> RunResult:
-        batches: queue.Queue[tuple[list[Any], Lease] | BaseException | None]
-        batches = queue.Queue(maxsize=1)
+        Claimed = tuple[list[Any], Lease, heartbeat.Held]
+        batches: queue.Queue[Claimed | BaseException | None] = queue.Queue(maxsize=1)
         stop = threading.Event()
         settled = threading.Condition()
         in_flight = 0  # batches claimed and not yet recorded
@@ -360,8 +438,9 @@ class Runner:
                 while not stop.is_set() and (max_batches is None or claimed < max_batches):
                     with settled:
                         # Prefetch one batch, no more: a batch waits at most one
-                        # step for its turn, well inside its lease. After a short
-                        # claim, wait until nothing is in flight (rows of a key
+                        # step for its turn, well inside its lease (and the heartbeat
+                        # hands a waiting batch back if that step runs long). After a
+                        # short claim, wait until nothing is in flight (rows of a key
                         # may be waiting behind it), then claim again.
                         limit = 0 if wait_for_settle else 1
                         settled.wait_for(lambda: in_flight <= limit or stop.is_set())  # noqa: B023
@@ -373,7 +452,8 @@ class Runner:
                         claimed += 1
                         with settled:
                             in_flight += 1
-                        batches.put((rows, lease))
+                        held = heartbeat.hold(self.part, lease, [row.pk for row in rows])
+                        batches.put((rows, lease, held))
                     short = len(rows) < self.batch_size
                     if (short and idle) or time.monotonic() >= deadline:
                         break  # as the sequential drain: a short batch with nothing ahead
@@ -406,10 +486,10 @@ class Runner:
                 except queue.Empty:
                     continue
                 if isinstance(item, tuple):
-                    try:
-                        self.release(*item)
-                    except Exception:  # keep draining so the claimer can finish
-                        self.logger.exception("could not release a prefetched batch; rescue will")
+                    rows, lease, held = item
+                    heartbeat.let_go(held)
+                    unstarted = [row for row in rows if row.pk not in held.handed_back]
+                    self._release_or_keep(unstarted, lease)
             thread.join()
         return total
 

@@ -12,27 +12,42 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 
 from django_outbox.conf import get_settings
-from django_outbox.engine import clock
+from django_outbox.engine import clock, transitions
 from django_outbox.engine.models import SweepMark
+from django_outbox.engine.outcomes import Uncertain
 from django_outbox.engine.part import Part, registered
 from django_outbox.engine.purge import purge_in_batches
 
 
 @dataclass(frozen=True)
 class RescueResult:
-    """What one rescue did: rows made ready again, rows parked for an operator."""
+    """What one rescue did with the rows of dead holders."""
 
-    resent: int = 0
+    #: Rows made ready again: given back before their attempt started, or retried
+    #: after an attempt their worker did not live to finish.
+    ready: int = 0
+    #: Rows parked for an operator: held as uncertain, or dead-lettered because their
+    #: attempts were used up.
     held: int = 0
 
     @property
+    def resent(self) -> int:
+        """The rows made ready again (the outbox's name for them)."""
+        return self.ready
+
+    @property
     def total(self) -> int:
-        return self.resent + self.held
+        return self.ready + self.held
+
+
+#: Rows a rescue takes per statement (it loops until none are left).
+RESCUE_CHUNK = 500
 
 
 def rescue_stuck(
@@ -40,49 +55,104 @@ def rescue_stuck(
 ) -> RescueResult:
     """Recover running rows whose lease expired or whose worker is dead.
 
-    The outcome of such a row is uncertain (the step may or may not have
-    happened). Rows the part says to hold (``part.rescue_holds()``: a "hold"
-    destination, attempts used up) go to the failed state marked as such;
-    the rest become ready at once. Clearing the lease token fences the old
-    holder out: whatever it records later changes nothing.
+    A row its holder had not started (no attempt declared) goes back uncounted. A
+    row whose attempt had started ended uncleanly: its outcome is uncertain (the step
+    may or may not have happened), and it is recorded like any uncertain outcome (the
+    engine's transitions: retried now, held where the part holds uncertain rows,
+    dead-lettered once its own attempts are used up, its key parked), and marked to run
+    alone next time. Clearing the lease token fences the old holder out: whatever it
+    records later changes nothing.
+
+    Lock-mode parts (the inbox) have no running rows: a dead worker's claims are
+    simply released (their transaction died with the worker; the attempt stays counted).
     """
     life = part.lifecycle
-    if life.running is None:  # lock mode: a crash rolls the claim back, nothing is stuck
+    if life.running is None:
+        released = _release_locked_claims(part, dead_workers) if dead_workers else 0
         if not dead_workers:
             mark_swept(part)
-        return RescueResult()
+        return RescueResult(ready=released)
     now = clock.now(at)
     lost = Q(locked_until__lt=now)
     if dead_workers:
         lost |= Q(claimed_by__in=list(dead_workers))
     stuck = part.model._default_manager.using(part.using).filter(lost, state=life.running)
     cause = "its worker stopped" if dead_workers else "its lease expired"
-    note = f"{cause} while {life.running}: outcome uncertain"
-    cleared = {"locked_until": None, "lock_token": None, "claimed_by": None}
-    with transaction.atomic(using=part.using):
-        held = stuck.filter(part.rescue_holds()).update(
-            state=life.failed,
-            **part.held_values(),
-            **cleared,
-            last_error=f"{note}; held for an operator",
-        )
-        resent = stuck.update(
-            state=life.ready, available_at=now, **cleared, last_error=f"{note}; running again"
-        )
-    result = RescueResult(resent=resent, held=held)
+    ready = held = 0
+    failed: list[transitions.Change] = []
+    while True:
+        with transaction.atomic(using=part.using):
+            rows = list(stuck.select_for_update(skip_locked=True).order_by("pk")[:RESCUE_CHUNK])
+            if not rows:
+                break
+            changes = [_rescued(part, row, cause, now) for row in rows]
+            # The rows are locked by this transaction (SQLite: it is the only writer):
+            # nobody records them meanwhile.
+            locked = part.model._default_manager.using(part.using).filter(
+                pk__in=[row.pk for row in rows], state=life.running
+            )
+            applied = transitions.apply(part, locked, changes)
+        ready += applied.count(transitions.Transition.RETRY_LATER, transitions.Transition.RELEASE)
+        held += applied.count(transitions.Transition.HOLD, transitions.Transition.DEAD_LETTER)
+        failed.extend(change for change in applied.written if change.failed)
+        if len(rows) < RESCUE_CHUNK:
+            break
+    result = RescueResult(ready=ready, held=held)
     if not dead_workers:
         mark_swept(part)
     if result.total:
         part.logger.warning(
-            "rescued %d %s row(s) (%s): %d ready again, %d held",
+            "rescued %d %s row(s) (%s): %d ready again, %d held or dead-lettered",
             result.total,
             part.name,
             cause,
-            resent,
+            ready,
             held,
         )
+        for change in failed:
+            part.on_failed(change.row, change.error, change.will_retry)
         part.on_rescued(result)
     return result
+
+
+def _rescued(part: Part, row: Any, cause: str, now: clock.Instant) -> transitions.Change:
+    """What becomes of one stuck row: given back if its attempt never started, else its
+    attempt is recorded as ended uncleanly (and it runs alone next time)."""
+    if not row.attempt_open:
+        return transitions.release(part, row)
+    note = (
+        f"{cause} during attempt {row.attempts} (killed, out of memory, frozen or cut off): "
+        "outcome uncertain"
+    )
+    details = {"worker_lost": True, "worker": str(row.claimed_by or "")}
+    change = transitions.decide(part, row, Uncertain(note, details, delay=0.0), now)
+    change.values["unclean_end"] = True
+    return change
+
+
+def _release_locked_claims(part: Part, dead_workers: Sequence[uuid.UUID]) -> int:
+    """Lock mode: clear the claims of dead workers so their rows are due at once (their
+    batch's transaction died with them; the attempt it counted stays counted)."""
+    rows = part.model._default_manager.using(part.using).filter(
+        state=part.lifecycle.ready, claimed_by__in=list(dead_workers)
+    )
+    released = 0
+    while True:
+        with transaction.atomic(using=part.using):
+            ids = list(
+                rows.select_for_update(skip_locked=True)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:RESCUE_CHUNK]
+            )
+            if not ids:
+                return released
+            released += (
+                part.model._default_manager.using(part.using)
+                .filter(pk__in=ids, claimed_by__in=list(dead_workers))
+                .update(**transitions.LEASE_CLEARED)
+            )
+        if len(ids) < RESCUE_CHUNK:
+            return released
 
 
 def purge_finished(

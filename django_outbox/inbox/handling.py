@@ -20,9 +20,20 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django_outbox import signals
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.locked import LockedResult, LockedRunner
-from django_outbox.engine.part import Defer, Lifecycle, Outcome, Outcomes, Part, Skip, register
-from django_outbox.engine.retry import is_transient
-from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
+from django_outbox.engine.outcomes import (
+    DONE,
+    Defer,
+    Fail,
+    Outcome,
+    Outcomes,
+    Retry,
+    Skip,
+    Uncertain,
+    describe,
+)
+from django_outbox.engine.part import Attempt, Lifecycle, Part, register
+from django_outbox.engine.retry import connection_broken, is_transient
+from django_outbox.exceptions import ConfigurationError, RetryableError
 from django_outbox.inbox.handlers import Handler, get_handler
 from django_outbox.inbox.models import FINISHED_STATES, InboxCursor, InboxMessage, InboxState
 from django_outbox.wire import HEADER_REPLY_TO
@@ -35,22 +46,6 @@ GAP_ALERT = "gap alert: "
 
 class _HandlerRaised(Exception):
     """A handler raised during the batch's optimistic pass (no savepoints)."""
-
-
-class HandlerFailed(DeliveryError):
-    """Wraps a handler's exception with its traceback (recorded on the row)."""
-
-    def __init__(self, text: str, tb: str) -> None:
-        super().__init__(text)
-        self.traceback = tb
-
-
-class RetryableHandlerError(HandlerFailed, RetryableError):
-    """A handler raised an exception listed in ``retry_on`` (or ``RetryableError``)."""
-
-
-class PermanentHandlerError(HandlerFailed, PermanentError):
-    """A handler raised anything else: the message goes to ``handle_error``."""
 
 
 @register
@@ -73,7 +68,7 @@ class Handling(Part):
         #: Messages of strict keys made due by handling their predecessor.
         self.woken = 0
 
-    def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
+    def process(self, rows: Sequence[Any], attempt: Attempt) -> Iterator[Outcomes]:
         """Handle *rows*: first all together (one savepoint for the batch); if a handler
         raises, the batch's effects are rolled back and every message is handled again
         in a savepoint of its own, so only the failing ones lose their effects.
@@ -88,6 +83,7 @@ class Handling(Part):
             rows,
             key=lambda r: (r.key is None, r.source, r.key or "", r.sequence or 0, r.pk),
         )
+        deadline = attempt.deadline
         woken = self.woken
         try:
             with transaction.atomic(using=self.using):
@@ -113,7 +109,7 @@ class Handling(Part):
         """
         handler = get_handler(message.type)
         if handler is None:
-            return PermanentError(
+            return Fail(
                 f"no handler for type {message.type!r}: register one with "
                 "@django_outbox.handler, deploy, then requeue this message"
             )
@@ -132,18 +128,19 @@ class Handling(Part):
                 if reply is not None and message.headers.get(HEADER_REPLY_TO):
                     self._reply(message, reply)
         except Exception as exc:
-            if isinstance(exc, DatabaseError) and is_transient(exc):
+            if isinstance(exc, DatabaseError) and (
+                is_transient(exc) or connection_broken(self.using)
+            ):
                 # A deadlock (MySQL rolls back the whole transaction, savepoints
-                # included): the batch is run again whole by the runner.
+                # included) or a lost connection: the runner runs the batch again.
                 raise
             if not isolated:
                 raise _HandlerRaised from exc
-            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            tb = traceback.format_exc()
+            details = {"traceback": _handler_traceback(exc)}
             if isinstance(exc, (RetryableError, *handler.retry_on)):
-                return RetryableHandlerError(text, tb)
-            return PermanentHandlerError(text, tb)
-        return None
+                return Retry(describe(exc), details)
+            return Fail(describe(exc), details)
+        return DONE
 
     def _reply(self, message: InboxMessage, reply: Any) -> None:
         """Send the handler's return value back to the requester, in the handler's
@@ -153,7 +150,7 @@ class Handling(Part):
         source = self.settings.inbox.sources.get(message.source)
         destination = source.options.get("reply_to") if source is not None else None
         if not destination:
-            raise PermanentError(
+            raise ConfigurationError(
                 f"the handler returned a reply to a request, but source {message.source!r} "
                 "has no REPLY_TO destination to send it to"
             )
@@ -167,8 +164,17 @@ class Handling(Part):
 
     # -- ordering per key --------------------------------------------------------
 
+    def before_batch(self, rows: Sequence[Any]) -> None:
+        """Create the cursors of the batch's ordered keys, committed before its
+        transaction: a cursor created inside it would hold a unique-index lock that a
+        second worker's batch waits on while waiting on something of the first's."""
+        ensure_cursors(self.using, rows)
+
     def _cursor(self, message: InboxMessage) -> InboxCursor:
-        """The key's cursor, locked until the batch commits (created on first use)."""
+        """The key's cursor, locked until the batch commits: another worker's batch with
+        a message of the key waits for it. Messages are handled in (source, key) order,
+        so two batches always take their cursors in the same order and cannot deadlock
+        on them. Created here only when ``before_batch`` was not called."""
         assert message.key is not None
         cursors = InboxCursor.objects.using(self.using)
         cursor = cursors.select_for_update().filter(source=message.source, key=message.key).first()
@@ -181,7 +187,9 @@ class Handling(Part):
             # Another worker created it first: wait for its lock, then use it.
             return cursors.select_for_update().get(source=message.source, key=message.key)
 
-    def _order(self, message: InboxMessage, handler: Handler, cursor: InboxCursor) -> Outcome:
+    def _order(
+        self, message: InboxMessage, handler: Handler, cursor: InboxCursor
+    ) -> Outcome | None:
         """``None`` to handle *message* now, or why not (skip it, or wait)."""
         sequence = message.sequence
         assert sequence is not None
@@ -218,7 +226,11 @@ class Handling(Part):
         return Defer(alert_after, GAP_ALERT + reason)
 
     def _advance(self, message: InboxMessage, cursor: InboxCursor) -> None:
-        """Move the key's cursor to *message*, and wake its successor if it waits."""
+        """Move the key's cursor to *message*, and wake its successor if it waits.
+
+        The successor is woken only if no other batch holds it (``SKIP LOCKED``): that
+        batch handles it itself once it has the cursor, and this batch never waits on
+        another's rows while holding a cursor (no deadlock)."""
         sequence = message.sequence
         assert sequence is not None
         now = clock.now()
@@ -226,24 +238,27 @@ class Handling(Part):
             last_sequence=sequence, updated_at=now
         )
         cursor.last_sequence = sequence
-        self.woken += (
-            InboxMessage.objects.using(self.using)
-            .filter(
+        messages = InboxMessage.objects.using(self.using)
+        waiting = list(
+            messages.filter(
                 source=message.source,
                 key=message.key,
                 sequence=sequence + 1,
                 state=InboxState.SHOULD_BE_HANDLED,
             )
-            .update(available_at=now)
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)
         )
+        if waiting:
+            self.woken += messages.filter(pk__in=waiting).update(available_at=now)
 
     # -- recording ---------------------------------------------------------------
 
-    def done_values(self, now: clock.Instant) -> Mapping[str, Any]:
+    def done_values(self, now: clock.Instant | None) -> Mapping[str, Any]:
         return {"finished_at": now, "traceback": ""}
 
-    def failed_values(self, row: Any, error: DeliveryError) -> Mapping[str, Any]:
-        return {"traceback": getattr(error, "traceback", "")}
+    def failed_values(self, row: Any, outcome: Retry | Fail | Uncertain) -> Mapping[str, Any]:
+        return {"traceback": str((outcome.details or {}).get("traceback", ""))}
 
     def on_done(self, rows: Sequence[Any]) -> None:
         self.logger.info("handled %d inbox message(s)", len(rows))
@@ -297,4 +312,27 @@ class Inbox(LockedRunner):
         return total
 
 
-__all__ = ["Handling", "Inbox", "LockedResult"]
+def ensure_cursors(using: str, rows: Sequence[Any]) -> int:
+    """Create, committed, the missing cursors of the ordered keys among *rows* (messages
+    or anything with ``type``, ``source``, ``key``); returns how many keys were seen."""
+    keys = set()
+    for row in rows:
+        if row.key is None:
+            continue
+        handler = get_handler(row.type)
+        if handler is not None and handler.ordering is not None:
+            keys.add((row.source, row.key))
+    if keys:
+        InboxCursor.objects.using(using).bulk_create(
+            [InboxCursor(source=source, key=key, last_sequence=0) for source, key in keys],
+            ignore_conflicts=True,
+        )
+    return len(keys)
+
+
+def _handler_traceback(exc: BaseException) -> str:
+    """The handler's exception with its own traceback and causes (no frame of ours)."""
+    return "".join(traceback.format_exception(exc))
+
+
+__all__ = ["Handling", "Inbox", "LockedResult", "ensure_cursors"]

@@ -106,6 +106,9 @@ class InboxMessage(EngineRow):
     finished_at = models.DateTimeField(
         null=True, blank=True, db_column="handled_at", verbose_name="handled at"
     )
+    attempted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its last handling attempt started."
+    )
 
     objects = InboxMessageQuerySet.as_manager()
 

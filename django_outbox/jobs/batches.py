@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import router, transaction
+from django.db import DatabaseError, router, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 
 from django_outbox.engine import clock
@@ -101,54 +101,82 @@ def batch(on_finish: Any = None, *, using: str | None = None, **kwargs: Any) -> 
 
 def complete(using: str, batch_pks: Iterable[int]) -> int:
     """Enqueue the callback of each batch in *batch_pks* whose jobs have all finished
-    (once per batch, whoever calls); return how many callbacks were enqueued."""
+    (once per batch, whoever calls); return how many callbacks were enqueued.
+
+    Each batch is completed on its own: a callback that cannot be enqueued (its task
+    was renamed, its arguments no longer fit) is logged and recorded on the batch
+    (``last_error``), and the other batches go on; the sweep tries it again."""
     fired = 0
     for pk in sorted(set(batch_pks)):
-        with transaction.atomic(using=using):
-            found = (
-                JobBatch.objects.using(using)
-                .select_for_update()
-                .filter(pk=pk, finished_at__isnull=True)
-                .first()
-            )
-            if found is None:
-                continue  # finished already (its callback was enqueued once)
-            # Counted after the lock: every finisher that committed before is seen.
-            counts = (
-                Job.objects.using(using)
-                .filter(batch_id=pk)
-                .aggregate(
-                    succeeded=Count("pk", filter=Q(state=JobState.SUCCESSFUL)),
-                    failed=Count("pk", filter=Q(state=JobState.FAILED)),
-                )
-            )
-            succeeded, failed = counts["succeeded"], counts["failed"]
-            if succeeded + failed < found.total:
-                continue
-            summary = {
-                "id": str(found.batch_id),
-                "total": found.total,
-                "succeeded": succeeded,
-                "failed": failed,
-            }
-            callback_id = None
-            if found.callback_path:
-                callback_id = _enqueue_callback(found, summary)
-            JobBatch.objects.using(using).filter(pk=pk).update(
-                finished_at=clock.now(),
-                succeeded=succeeded,
-                failed=failed,
-                callback_result_id=callback_id,
-            )
-            fired += 1
-            logger.info(
-                "batch %s finished: %d succeeded, %d failed of %d",
-                found.batch_id,
-                succeeded,
-                failed,
-                found.total,
-            )
+        try:
+            fired += _complete_one(using, pk)
+        except DatabaseError:
+            raise  # the database itself: the caller's outage handling says it
+        except Exception as exc:
+            _record_error(using, pk, exc)
     return fired
+
+
+def _complete_one(using: str, pk: int) -> int:
+    batches = JobBatch.objects.using(using)
+    jobs = Job.objects.using(using).filter(batch_id=pk)
+    # Cheap while the batch runs: one probe of the active jobs' index.
+    if jobs.filter(state__in=ACTIVE_STATES).exists():
+        return 0
+    with transaction.atomic(using=using):
+        found = batches.select_for_update().filter(pk=pk, finished_at__isnull=True).first()
+        if found is None:
+            return 0  # finished already (its callback was enqueued once)
+        # Counted after the lock: every finisher that committed before is seen.
+        counts = jobs.aggregate(
+            succeeded=Count("pk", filter=Q(state=JobState.SUCCESSFUL)),
+            failed=Count("pk", filter=Q(state=JobState.FAILED)),
+        )
+        succeeded, failed = counts["succeeded"], counts["failed"]
+        if succeeded + failed < found.total:
+            return 0
+        summary = {
+            "id": str(found.batch_id),
+            "total": found.total,
+            "succeeded": succeeded,
+            "failed": failed,
+        }
+        callback_id = None
+        if found.callback_path:
+            callback_id = _enqueue_callback(found, summary)
+        batches.filter(pk=pk).update(
+            finished_at=clock.now(),
+            succeeded=succeeded,
+            failed=failed,
+            callback_result_id=callback_id,
+            last_error="",
+        )
+    logger.info(
+        "batch %s finished: %d succeeded, %d failed of %d",
+        found.batch_id,
+        succeeded,
+        failed,
+        found.total,
+    )
+    return 1
+
+
+def _record_error(using: str, pk: int, exc: Exception) -> None:
+    """Keep why a batch could not be completed on the batch (logged when it changes)."""
+    text = f"{type(exc).__name__}: {exc}"[:4000]
+    rows = JobBatch.objects.using(using).filter(pk=pk)
+    try:
+        changed = rows.exclude(last_error=text).update(last_error=text)
+    except DatabaseError:
+        changed = 1
+    if changed:
+        logger.error(
+            "batch %s: its callback could not be enqueued (%s); the other batches go on, and "
+            "the sweep tries again (fix the callback's task, or cancel the batch's callback)",
+            pk,
+            text,
+            exc_info=exc,
+        )
 
 
 def _enqueue_callback(found: JobBatch, summary: dict[str, Any]) -> Any:

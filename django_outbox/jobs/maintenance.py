@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from django_outbox.engine import clock, sweeps, triggers
+from django_outbox.engine import clock, heartbeat, sweeps, triggers
 from django_outbox.engine.purge import purge_in_batches
 from django_outbox.jobs import batches
 from django_outbox.jobs.models import Job, JobBatch, JobState
@@ -16,16 +16,16 @@ from django_outbox.jobs.running import Running
 
 
 def sweep(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
-    """One pass: rescue RUNNING jobs whose lease expired (dead workers' jobs come back
-    sooner, through the heartbeats), complete batches whose last finisher died
-    before enqueuing their callback, then send one trigger per queue that has due
-    jobs, so each queue's own workers run them (a lost trigger, a retry that came
-    due, a ``run_after`` that passed). Returns what it did."""
+    """One pass: rescue RUNNING jobs whose lease expired and the jobs of dead workers
+    (proven dead by the heartbeats of live ones), send one trigger per queue that has
+    due jobs (a lost trigger, a retry that came due, a ``run_after`` that passed, a
+    rescued job), then complete batches whose last finisher died before enqueuing their
+    callback (each on its own: one that fails is recorded on its batch and the rest go
+    on). Returns what it did."""
     part = Running(using=using)
     rescued = sweeps.rescue_stuck(part)
-    completed = batches.sweep(using)
-    # Without order_by() the model's ordering joined the DISTINCT: one name per due
-    # job, so one trigger per job. Blocked jobs wait for their key, not for a worker.
+    from_dead = heartbeat.rescue_dead_workers(using)
+    # Blocked jobs wait for their key, not for a worker.
     queues = sorted(
         Job.objects.using(using)
         .filter(state=JobState.READY, blocked=False, available_at__lte=part.now())
@@ -35,8 +35,9 @@ def sweep(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     )
     for queue in queues:
         triggers.dispatch(f"jobs:{queue}", using, [])
+    completed = batches.sweep(using)
     return {
-        "rescued": rescued.resent,
+        "rescued": rescued.ready + from_dead.get(part.name, 0),
         "held": rescued.held,
         "batches_completed": completed,
         "woken_queues": queues,

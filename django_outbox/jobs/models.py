@@ -170,6 +170,8 @@ class Job(EngineRow):
     #: One entry per attempt: the worker that ran it.
     worker_ids = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    #: ``run_after`` as enqueued (``available_at`` moves with retries).
+    run_after = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     unique_key = models.CharField(  # noqa: DJ001
         max_length=255,
@@ -252,6 +254,13 @@ class Job(EngineRow):
             models.Index(
                 fields=("batch",), condition=Q(batch__isnull=False), name="outbox_job_batch_idx"
             ),
+            # Whether a batch still has jobs to run: one probe per finished group, not a
+            # recount of the whole batch.
+            models.Index(
+                fields=("batch", "state"),
+                condition=Q(batch__isnull=False, state__in=("READY", "RUNNING")),
+                name="outbox_job_batch_active_idx",
+            ),
             models.Index(
                 fields=("finished_at",),
                 condition=Q(state__in=("SUCCESSFUL", "FAILED")),
@@ -301,6 +310,8 @@ class JobBatch(models.Model):
     succeeded = models.PositiveIntegerField(null=True, blank=True)
     failed = models.PositiveIntegerField(null=True, blank=True)
     callback_result_id = models.UUIDField(null=True, blank=True)
+    #: Why the callback could not be enqueued (the sweep tries again); empty when fine.
+    last_error = models.TextField(blank=True, default="")
 
     class Meta:
         app_label = "django_outbox"

@@ -4,9 +4,23 @@ The engine claims a batch of due jobs (``READY`` → ``RUNNING`` under a
 lease, stamped with this worker's id) in one statement; this step runs them
 one after the other, outside any transaction of ours (a job's code opens its
 own), and hands back the outcomes in groups, which the engine records in a
-few UPDATEs: return values, errors, backoff, dead-lettering. Heartbeats keep
-a live worker's leases renewed however long a job takes, and give a dead
-worker's jobs back within seconds (they run again: jobs are at-least-once).
+few UPDATEs: return values, errors, backoff, dead-lettering.
+
+An attempt counts when the job starts, not when it is claimed. Starts are
+declared in windows: one statement declares the next few jobs (as many as
+``START_WINDOW_SECONDS`` of this worker's recent jobs take, at least one; the
+window doubles while jobs are short), so short jobs cost a statement per
+window, and a job of a second or more has a window of its own. If the worker
+dies, only the jobs of the window in hand were counted: those that had not
+started yet were charged an attempt they did not use (at most the window's
+size), and every job of that window then runs alone until it has run once
+cleanly, so a job that kills its worker is counted exactly and cannot take
+others down with it. Jobs of the batch not yet declared go back uncounted.
+
+Heartbeats renew the lease of the job running now however long it takes,
+and give the unstarted rest of the batch back to other workers when a job
+runs longer than ``HANDBACK_SECONDS``; a dead worker's jobs come back within
+seconds (they run again: jobs are at-least-once).
 """
 
 from __future__ import annotations
@@ -14,18 +28,17 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, models
-from django.utils import timezone
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models
 
 from django_outbox import signals
 from django_outbox.engine import clock, heartbeat, triggers
-from django_outbox.engine.part import KeyOrdering, Outcomes, Part, register
+from django_outbox.engine.outcomes import Done, Fail, Outcome, Outcomes, Retry, Uncertain
+from django_outbox.engine.part import Attempt, KeyOrdering, Part, register
 from django_outbox.engine.runner import Runner, RunResult
-from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
 from django_outbox.jobs.models import JOB_LIFECYCLE, Job, JobKey, JobState
 from django_outbox.jobs.timeouts import time_limit
 
@@ -39,24 +52,12 @@ GROUP_SIZE = 200
 GROUP_SECONDS = 0.2
 #: A batch stops starting jobs after this long; the rest go back for other workers.
 BATCH_SECONDS = 2.0
+#: A window of declared starts holds about this many seconds of this worker's recent
+#: jobs (at least one job, at most ``MAX_WINDOW``).
+START_WINDOW_SECONDS = 0.005
+MAX_WINDOW = 100
 #: Exception class path recorded for an attempt whose worker died.
 WORKER_LOST = "django_outbox.jobs.WorkerLost"
-
-
-class JobFailed(DeliveryError):
-    """A job raised; carries the error entry recorded for the attempt."""
-
-    def __init__(self, text: str, entry: Mapping[str, Any]) -> None:
-        super().__init__(text)
-        self.entry = entry
-
-
-class JobWillRetry(JobFailed, RetryableError):
-    """The job raised an exception it retries (while attempts are left)."""
-
-
-class JobFailedForGood(JobFailed, PermanentError):
-    """The job raised an exception it does not retry, or could not run at all."""
 
 
 class Running(Part):
@@ -74,21 +75,28 @@ class Running(Part):
         flag_blocks=True,
     )
 
+    attempted_at_field = "last_attempted_at"
+    first_started_field = "started_at"
+
     def __init__(self, *, queues: Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(**options)
         #: Queues this runner takes jobs from (``None``: every queue).
         self.queues = list(queues) if queues else None
         self.worker = str(heartbeat.current_worker_id() or _process_name())
-        self._started: dict[Any, datetime] = {}
-        self._values: dict[Any, Any] = {}
+        #: Jobs declared per window, and the mean job duration it follows (seconds).
+        self._window = 1
+        self._mean: float | None = None
 
     def due(self) -> models.QuerySet[Any]:
-        due = Job.objects.using(self.using).filter(
-            state=JobState.READY, available_at__lte=self.now(), blocked=False
-        )
+        due = super().due()
         if self.queues is not None:
             due = due.filter(queue_name__in=self.queues)
         return due.order_by("-priority", "available_at", "pk")
+
+    scope_fields = ("queue_name",)
+
+    def takes(self, row: Any) -> bool:
+        return self.queues is None or row.queue_name in self.queues
 
     def claim_variant(self) -> Any:
         return tuple(sorted(self.queues)) if self.queues is not None else None
@@ -107,57 +115,90 @@ class Running(Part):
 
     # -- the step ----------------------------------------------------------------
 
-    def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
+    def process(self, rows: Sequence[Any], attempt: Attempt) -> Iterator[Outcomes]:
         """Run *rows* in priority order; yield outcomes in groups (recorded at once).
 
-        Stops starting jobs after ``BATCH_SECONDS`` (or at the lease deadline):
-        the jobs not started go back, unattempted, for any worker to take.
+        Stops starting jobs after ``BATCH_SECONDS`` (or at the lease deadline): the
+        jobs not started go back, unattempted, for any worker to take.
         """
-        ordered = in_running_order(rows)
+        waiting = deque(in_running_order(rows))
         self.worker = str(heartbeat.current_worker_id() or _process_name())
         started = time.monotonic()
-        stop_at = min(deadline, started + BATCH_SECONDS)
+        stop_at = min(attempt.deadline, started + BATCH_SECONDS)
         group: Outcomes = {}
         group_started = started
         failed_keys: set[str] = set()
-        for index, row in enumerate(ordered):
+        window: deque[Job] = deque()
+        ran = 0
+        while waiting or window:
             now = time.monotonic()
-            if index and now >= stop_at:
+            if ran and now >= stop_at:
                 break
+            if group and (now - group_started >= GROUP_SECONDS or len(group) >= GROUP_SIZE):
+                yield group
+                group = {}
+            if not window:
+                try:
+                    window = deque(self._declare_window(waiting, failed_keys, attempt))
+                except DatabaseError:
+                    if group:
+                        yield group  # what ran is recorded before the error goes up
+                    raise
+                continue
+            row = window.popleft()
             if row.serial_key is not None and row.serial_key in failed_keys:
-                continue  # behind a failed job of its key: goes back, unattempted
-            if group and now - group_started >= GROUP_SECONDS:
-                yield group
-                group = {}
+                continue  # declared, not run: given back uncounted
+            if not attempt.begin(row):
+                continue  # handed back to another worker meanwhile
             if not group:
-                group_started = now
-                group_time = timezone.now()
-            self._started[row.pk] = group_time
+                group_started = time.monotonic()
+            began = time.monotonic()
             group[row.pk] = outcome = self.run_one(row)
-            if outcome is not None and row.serial_key is not None:
+            self._pace(time.monotonic() - began)
+            attempt.idle()
+            ran += 1
+            if not isinstance(outcome, Done) and row.serial_key is not None:
                 failed_keys.add(row.serial_key)
-            if len(group) >= GROUP_SIZE:
-                yield group
-                group = {}
         if group:
             yield group
 
-    def run_one(self, row: Job) -> JobFailed | None:
-        """Run one job; ``None`` when it returned, else the failure to record."""
+    def _declare_window(
+        self, waiting: deque[Job], failed_keys: set[str], attempt: Attempt
+    ) -> list[Job]:
+        """Declare the starts of the next window of *waiting* jobs (a job whose worker
+        died during its last attempt forms a window of its own)."""
+        chosen: list[Job] = []
+        while waiting and len(chosen) < self._window:
+            row = waiting[0]
+            if row.serial_key is not None and row.serial_key in failed_keys:
+                waiting.popleft()  # behind a failed job of its key: goes back, unattempted
+                continue
+            if row.unclean_end and chosen:
+                break
+            chosen.append(waiting.popleft())
+            if row.unclean_end:
+                break
+        return attempt.start(chosen, begin=False) if chosen else []
+
+    def _pace(self, seconds: float) -> None:
+        """Adapt the window to this worker's recent job durations."""
+        self._mean = seconds if self._mean is None else 0.8 * self._mean + 0.2 * seconds
+        fits = int(START_WINDOW_SECONDS / max(self._mean, 1e-6))
+        self._window = max(1, min(self._window * 2, fits, MAX_WINDOW))
+
+    def run_one(self, row: Job) -> Outcome:
+        """Run one job; its outcome (``Done`` with the return value, or the failure)."""
+        from django_outbox.jobs import compat
         from django_outbox.jobs.backend import check_json, load_task, to_result
 
         try:
             task = load_task(row.task_path)
         except Exception as exc:
             return self._failed(row, exc, retry=False)
-        result = to_result(row, task=task)
+        result = to_result(row, task=task, backend=row.backend)
         # What the job sees: RUNNING, this attempt counted (TaskContext.attempt).
-        from django_outbox.jobs import compat
-
         compat.set_attribute(result, "status", compat.TaskResultStatus.RUNNING)
         compat.set_attribute(result, "worker_ids", self._worker_ids(row))
-        compat.set_attribute(result, "started_at", row.started_at or self._started[row.pk])
-        compat.set_attribute(result, "last_attempted_at", self._started[row.pk])
         _send_task_signal("task_started", result)
         try:
             with time_limit(
@@ -168,24 +209,22 @@ class Running(Part):
                     value = task.call(context, *row.args, **row.kwargs)
                 else:
                     value = task.call(*row.args, **row.kwargs)
-            check_json(value, f"the return value of {row.task_path}", "value")
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
+            # The worker is being stopped: the job goes back at once, uncounted.
             raise
         except BaseException as exc:
-            # A job interrupted in a query (a timeout) may leave its connection broken.
-            connections[self.using].close_if_unusable_or_obsolete()
+            # SystemExit too: a job that exits has failed, the worker goes on.
+            _close_if_unusable(self.using)
             retry = task.retries(exc) if hasattr(task, "retries") else isinstance(exc, Exception)
-            failure = self._failed(row, exc, retry=retry)
-            compat.set_attribute(result, "status", compat.TaskResultStatus.FAILED)
-            _send_task_signal("task_finished", result)
-            return failure
-        self._values[row.pk] = value
-        compat.set_attribute(result, "status", compat.TaskResultStatus.SUCCESSFUL)
-        compat.set_attribute(result, "_return_value", value)
-        _send_task_signal("task_finished", result)
-        return None
+            return self._failed(row, exc, retry=retry and not isinstance(exc, SystemExit))
+        try:
+            check_json(value, f"the return value of {row.task_path}", "value")
+        except TypeError as exc:
+            # The job ran and its effects happened: running it again would repeat them.
+            return self._failed(row, exc, retry=False)
+        return Done(value)
 
-    def _failed(self, row: Job, exc: BaseException, *, retry: bool) -> JobFailed:
+    def _failed(self, row: Job, exc: BaseException, *, retry: bool) -> Retry | Fail:
         kind = type(exc)
         entry = {
             "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
@@ -194,64 +233,52 @@ class Running(Part):
             "worker_id": self.worker,
         }
         text = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
-        return (JobWillRetry if retry else JobFailedForGood)(text, entry)
+        return Retry(text, entry) if retry else Fail(text, entry)
 
     # -- what is recorded ----------------------------------------------------------
 
-    def _worker_ids(self, row: Job) -> list[str]:
-        """One entry per attempt, this one included; attempts whose worker died are
-        marked as lost (their worker was not recorded)."""
-        known = [str(w) for w in row.worker_ids or []]
-        lost = max(row.attempts - 1 - len(known), 0)
-        return known + ["(lost)"] * lost + [self.worker]
+    def _worker_ids(self, row: Job, worker: str | None = None) -> list[str]:
+        """One entry per attempt, this one included (by *worker*, default this one)."""
+        return [str(w) for w in row.worker_ids or []] + [worker or self.worker]
 
-    def _errors(self, row: Job, entry: Mapping[str, Any] | None) -> list[Any]:
-        errors = list(row.errors or [])
-        recorded = len(row.worker_ids or [])
-        for attempt in range(recorded + 1, row.attempts):
-            errors.append(
-                {
-                    "exception_class_path": WORKER_LOST,
-                    "traceback": f"attempt {attempt}: the worker running it stopped before "
-                    "recording an outcome (killed, or lost its database); the job ran again",
-                    "attempt": attempt,
-                    "worker_id": "(lost)",
-                }
-            )
+    def _attempt_values(
+        self, row: Job, entry: Mapping[str, Any] | None, worker: str | None = None
+    ) -> dict[str, Any]:
+        values: dict[str, Any] = {"worker_ids": self._worker_ids(row, worker)}
         if entry is not None:
-            errors.append(dict(entry))
-        return errors
-
-    def _attempt_values(self, row: Job, entry: Mapping[str, Any] | None) -> dict[str, Any]:
-        started = self._started.pop(row.pk, None) or timezone.now()
-        values: dict[str, Any] = {
-            "worker_ids": self._worker_ids(row),
-            "last_attempted_at": started,
-        }
-        if row.started_at is None:
-            values["started_at"] = started
-        errors = self._errors(row, entry)
-        if errors != (row.errors or []):
-            values["errors"] = errors
+            values["errors"] = [*(row.errors or []), dict(entry)]
         return values
 
-    def done_values(self, now: clock.Instant) -> Mapping[str, Any]:
+    def done_values(self, now: clock.Instant | None) -> Mapping[str, Any]:
         return {"finished_at": now, "last_error": ""}
 
-    def done_row_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
-        value = self._values.pop(row.pk, None)
-        return {"return_value": value, **self._attempt_values(row, None)}
+    def done_row_values(self, row: Any, outcome: Done) -> Mapping[str, Any]:
+        return {"return_value": outcome.value, **self._attempt_values(row, None)}
 
-    def failed_values(self, row: Any, error: DeliveryError) -> Mapping[str, Any]:
-        entry = error.entry if isinstance(error, JobFailed) else None
-        return self._attempt_values(row, entry)
+    def failed_values(self, row: Any, outcome: Retry | Fail | Uncertain) -> Mapping[str, Any]:
+        details = outcome.details or {}
+        if details.get("worker_lost"):
+            # The rescue of an attempt whose worker died: that worker ran it.
+            worker = str(details.get("worker") or "(lost)")
+            entry = {
+                "exception_class_path": WORKER_LOST,
+                "traceback": f"attempt {row.attempts}: {outcome.error}",
+                "attempt": row.attempts,
+                "worker_id": worker,
+            }
+            return self._attempt_values(row, entry, worker)
+        return self._attempt_values(row, details or None)
 
     def dead_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
         return {"finished_at": now}
 
-    def held_values(self) -> Mapping[str, Any]:
-        # A job whose workers kept dying until its attempts ran out ends FAILED.
-        return {"finished_at": clock.now()}
+    def held_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
+        return {"finished_at": now}
+
+    def requeue_values(self) -> Mapping[str, Any]:
+        from django_outbox.jobs.models import Resolution
+
+        return {"finished_at": None, "resolution": Resolution.NONE, "cancel_requested": False}
 
     # -- hooks ---------------------------------------------------------------------
 
@@ -260,9 +287,24 @@ class Running(Part):
 
         batches.sweep(self.using)
 
+    def wake(self) -> None:
+        """Wake the workers of each queue that has due jobs."""
+        queues = self.queues
+        if queues is None:
+            queues = sorted(
+                Job.objects.using(self.using)
+                .filter(state=JobState.READY, blocked=False, available_at__lte=self.now())
+                .order_by()
+                .values_list("queue_name", flat=True)
+                .distinct()
+            )
+        for queue in queues:
+            triggers.dispatch(f"jobs:{queue}", self.using, [])
+
     def on_done(self, rows: Sequence[Any]) -> None:
         self.logger.info("ran %d job(s)", len(rows))
         signals.emit(signals.jobs_finished, sender=Running, jobs=list(rows))
+        _send_finished(self.using, rows)
         self._complete_batches(rows)
 
     def _complete_batches(self, rows: Sequence[Any]) -> None:
@@ -277,19 +319,27 @@ class Running(Part):
                 self.logger.exception("completing batches %s failed; the sweep will", touched)
 
     def on_failed(self, row: Any, error: str, will_retry: bool) -> None:
-        outcome = "will retry" if will_retry else "FAILED"
-        self.logger.warning(
-            "job %s (%s) attempt %d failed, %s: %s",
-            row.result_id,
-            row.task_path,
-            row.attempts,
-            outcome,
-            error,
-        )
+        if will_retry:
+            self.logger.warning(
+                "job %s (%s) attempt %d failed, will retry: %s",
+                row.result_id,
+                row.task_path,
+                row.attempts,
+                error,
+            )
+        else:
+            self.logger.error(
+                "job %s (%s) FAILED after attempt %d: %s",
+                row.result_id,
+                row.task_path,
+                row.attempts,
+                error,
+            )
         signals.emit(
             signals.job_failed, sender=Running, job=row, error=error, will_retry=will_retry
         )
         if not will_retry:
+            _send_finished(self.using, [row])
             self._complete_batches([row])
 
 
@@ -363,13 +413,48 @@ def _task_or_none(path: str) -> Any:
 
 
 def _send_task_signal(name: str, result: Any) -> None:
-    """Django's ``task_started`` / ``task_finished``, as its own backends send them."""
+    """Django's ``task_started`` / ``task_finished``, sent as Django's docs say: by the
+    backend class (``sender=JobsBackend``)."""
     from django_outbox.jobs import compat
+    from django_outbox.jobs.backend import JobsBackend
 
     try:
-        getattr(compat.signals, name).send(sender=Running, task_result=result)
+        getattr(compat.signals, name).send(sender=JobsBackend, task_result=result)
     except Exception:
         logger.exception("a %s receiver raised", name)
 
 
-__all__ = ["JobFailed", "Jobs", "Running"]
+def _send_finished(using: str, rows: Sequence[Any]) -> None:
+    """``task_finished`` for jobs whose outcome is final and stored (SUCCESSFUL, or FAILED
+    for good), with their results as stored (read back only when someone listens). A
+    failed attempt that will be retried has not finished: it sends ``job_failed``."""
+    from django_outbox.jobs import compat
+    from django_outbox.jobs.backend import JobsBackend, to_result
+
+    if not compat.signals.task_finished.has_listeners(JobsBackend):
+        return
+    stored = Job.objects.using(using).filter(pk__in=[row.pk for row in rows]).order_by("pk")
+    for job in stored:
+        if job.state not in (JobState.SUCCESSFUL, JobState.FAILED):
+            continue  # requeued or rescued meanwhile
+        try:
+            result = to_result(job)
+        except Exception:
+            logger.exception("could not read job %s back for task_finished", job.result_id)
+            continue
+        _send_task_signal("task_finished", result)
+
+
+def _close_if_unusable(using: str) -> None:
+    """After a job failed: close the database connection only if the failure broke it
+    (a query interrupted by a timeout, a lost server), not for every failing job."""
+    connection = connections[using]
+    if connection.connection is None or not connection.errors_occurred:
+        return
+    if connection.in_atomic_block or not connection.is_usable():
+        connection.close()
+    else:
+        connection.errors_occurred = False
+
+
+__all__ = ["Jobs", "Running"]

@@ -127,6 +127,9 @@ class OutboxMessage(EngineRow):
         help_text="Failed while later messages of its key wait behind it.",
     )
     sent_at = models.DateTimeField(null=True, blank=True)
+    attempted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its last publish attempt started."
+    )
 
     objects = OutboxMessageQuerySet.as_manager()
 

@@ -17,19 +17,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
-
 from django_outbox import signals
 from django_outbox.engine import clock, ordering, triggers
-from django_outbox.engine.part import KeyOrdering, Lifecycle, Outcomes, Part, register
+from django_outbox.engine.outcomes import Outcomes, Retry, from_error
+from django_outbox.engine.part import Attempt, KeyOrdering, Lifecycle, Part, register
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.engine.sweeps import RescueResult
-from django_outbox.exceptions import (
-    ConfigurationError,
-    RetryableError,
-    UncertainError,
-    UnknownDestination,
-)
+from django_outbox.exceptions import ConfigurationError, UncertainError, UnknownDestination
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.models import UNFINISHED_STATES, OutboxKey, OutboxMessage, OutboxState
 from django_outbox.outbox.transports.base import Transport
@@ -49,6 +43,8 @@ CLAIMED_FIELDS = (
     "attempts",
     "created_at",
     "blocking",
+    "attempt_open",
+    "unclean_end",
 )
 
 #: The Celery task an on-commit trigger of the outbox sends.
@@ -90,8 +86,14 @@ class Publishing(Part):
         counter=OutboxKey,
     )
 
-    def process(self, rows: Sequence[Any], deadline: float) -> Iterator[Outcomes]:
-        """Publish per destination; yield each destination's outcomes as soon as it returns."""
+    def process(self, rows: Sequence[Any], attempt: Attempt) -> Iterator[Outcomes]:
+        """Publish per destination; yield each chunk's outcomes as soon as it returns.
+
+        A chunk's attempt is declared just before it is published: rows the relay
+        never reached are given back uncounted. A message that ended its last attempt
+        with its relay dying is published alone (a message that kills its relay
+        cannot take others with it).
+        """
         by_destination: dict[str, list[OutboxMessage]] = defaultdict(list)
         for row in rows:
             by_destination[row.destination].append(row)
@@ -102,19 +104,25 @@ class Publishing(Part):
             except (UnknownDestination, ConfigurationError) as exc:
                 # Another process accepted it in send(): during a rolling deploy an
                 # older relay may not know a new destination yet. Retry, do not bury.
-                yield dict.fromkeys((m.pk for m in messages), RetryableError(str(exc)))
+                yield self._failed(attempt, messages, Retry(str(exc)))
                 continue
             except Exception as exc:  # building the transport failed: nothing was sent
                 self.logger.exception("cannot build the transport of %r", destination)
-                error = RetryableError(f"transport unavailable: {type(exc).__name__}: {exc}")
-                yield dict.fromkeys((m.pk for m in messages), error)
+                error = Retry(f"transport unavailable: {type(exc).__name__}: {exc}")
+                yield self._failed(attempt, messages, error)
                 continue
-            size = transport.chunk_size or len(messages)
             failed_keys: set[str] = set()
-            for start in range(0, len(messages), size):
+            for chunk in _chunks(messages, transport.chunk_size or len(messages)):
                 # A message behind a failed one of its key stays unattempted.
-                chunk = [m for m in messages[start : start + size] if m.key not in failed_keys]
-                published = self._publish(transport, destination, chunk, deadline)
+                chunk = [m for m in chunk if m.key not in failed_keys]
+                if not chunk or time.monotonic() >= attempt.deadline:
+                    # An earlier destination of this batch used up the lease: leave
+                    # these unattempted rather than publish after the lease ran out.
+                    continue
+                chunk = attempt.start(chunk)
+                if not chunk:
+                    continue
+                published = self._publish(transport, destination, chunk, attempt.deadline)
                 signals.emit(
                     signals.outbox_batch_published,
                     Relay,
@@ -125,7 +133,16 @@ class Publishing(Part):
                 failed_keys.update(
                     m.key for m in chunk if m.key is not None and published.get(m.message_id, 1)
                 )
-                yield {m.pk: published[m.message_id] for m in chunk if m.message_id in published}
+                yield {
+                    m.pk: from_error(published[m.message_id])
+                    for m in chunk
+                    if m.message_id in published
+                }
+
+    @staticmethod
+    def _failed(attempt: Attempt, messages: list[OutboxMessage], outcome: Any) -> Outcomes:
+        """The same failed outcome for *messages*, their attempt counted."""
+        return dict.fromkeys((m.pk for m in attempt.start(messages)), outcome)
 
     def _publish(
         self,
@@ -135,10 +152,6 @@ class Publishing(Part):
         deadline: float,
     ) -> dict[Any, Any]:
         ids = [m.message_id for m in messages]
-        if not messages or time.monotonic() >= deadline:
-            # An earlier destination of this batch used up the lease: leave
-            # these unattempted rather than publish after the lease ran out.
-            return {}
         envelopes = [Envelope.from_message(m) for m in messages]
         try:
             return transport.publish(envelopes, deadline)
@@ -147,7 +160,7 @@ class Publishing(Part):
             # Some of the batch may have gone out before it raised.
             return dict.fromkeys(ids, UncertainError(f"{type(exc).__name__}: {exc}"))
 
-    def done_values(self, now: clock.Instant) -> Mapping[str, Any]:
+    def done_values(self, now: clock.Instant | None) -> Mapping[str, Any]:
         return {"sent_at": now, "finished_at": now}
 
     def max_attempts(self, row: Any) -> int:
@@ -158,16 +171,11 @@ class Publishing(Part):
         config = self.settings.outbox.destinations.get(row.destination)
         return config is not None and config.uncertain == "hold"
 
-    def held_values(self) -> Mapping[str, Any]:
+    def held_values(self, row: Any, now: clock.Instant) -> Mapping[str, Any]:
         return {"uncertain": True}
 
-    def rescue_holds(self) -> Q:
-        destinations = self.settings.outbox.destinations
-        holds = Q(destination__in=[n for n, d in destinations.items() if d.uncertain == "hold"])
-        for name, destination in destinations.items():
-            holds |= Q(destination=name, attempts__gte=destination.max_attempts)
-        unknown = ~Q(destination__in=list(destinations))
-        return holds | (unknown & Q(attempts__gte=self.config.max_attempts))
+    def requeue_values(self) -> Mapping[str, Any]:
+        return {"uncertain": False}
 
     def on_done(self, rows: Sequence[Any]) -> None:
         signals.emit(signals.outbox_messages_sent, Relay, messages=list(rows))
@@ -219,6 +227,25 @@ class Relay(Runner):
         part = Publishing(using=self.using, clock=(lambda: at) if at is not None else None)
         assert part.ordering is not None
         return ordering.heads_only(part.due(), part.ordering)
+
+
+def _chunks(messages: list[OutboxMessage], size: int) -> Iterator[list[OutboxMessage]]:
+    """*messages* in chunks of *size*; a message whose relay died during its last
+    attempt goes alone."""
+    chunk: list[OutboxMessage] = []
+    for message in messages:
+        if message.unclean_end:
+            if chunk:
+                yield chunk
+                chunk = []
+            yield [message]
+            continue
+        chunk.append(message)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _publish_order(message: OutboxMessage) -> tuple[Any, ...]:

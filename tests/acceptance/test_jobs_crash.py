@@ -141,7 +141,9 @@ def test_a_worker_killed_mid_job_is_rescued_within_seconds_and_the_job_runs_agai
     result.refresh()
     assert result.status == "SUCCESSFUL"
     assert result.attempts == 2  # the killed attempt counted
-    assert result.worker_ids[0] == "(lost)"
+    # Each attempt names the worker that ran it: the killed one, then the survivor.
+    assert result.worker_ids[0] == str(job.claimed_by)
+    assert result.worker_ids[1] != result.worker_ids[0]
     assert [e.exception_class_path for e in result.errors] == ["django_outbox.jobs.WorkerLost"]
     assert Payment.objects.filter(order_ref="killed-mid-job").count() == 1
     assert result.return_value == "killed-mid-job"

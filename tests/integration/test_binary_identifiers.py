@@ -129,6 +129,7 @@ NOT_IDENTIFIERS = {
     ("Job", "resolution"),
     ("Job", "last_error"),
     ("JobBatch", "callback_path"),
+    ("JobBatch", "last_error"),
     ("Worker", "name"),
     ("SweepMark", "part"),
     ("SweepMark", "ran_by"),

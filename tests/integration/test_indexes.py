@@ -95,6 +95,9 @@ def test_a_job_claim_reads_the_backlog_in_order_instead_of_sorting_it(job_backlo
     assert "Seq Scan" not in text, text
 
 
+RUNNING_TOKEN = uuid.uuid4()
+
+
 @pytest.fixture
 def job_history():
     """20,000 finished jobs (2,000 of them in a batch) and a few RUNNING ones."""
@@ -112,7 +115,13 @@ def job_history():
         for n in range(20_000)
     )
     Job.objects.bulk_create(
-        Job(task_path="t.noop", state=JobState.RUNNING, locked_until=now, claimed_by=uuid.uuid4())
+        Job(
+            task_path="t.noop",
+            state=JobState.RUNNING,
+            locked_until=now,
+            claimed_by=uuid.uuid4(),
+            lock_token=RUNNING_TOKEN,
+        )
         for _ in range(5)
     )
     with connection.cursor() as cursor:
@@ -128,14 +137,19 @@ def test_the_jobs_sweeps_and_renewals_read_their_partial_indexes(job_history):
     from django.test.utils import CaptureQueriesContext
 
     from django_outbox.engine import sweeps
-    from django_outbox.engine.heartbeat import Heartbeat
+    from django_outbox.engine.heartbeat import Heartbeat, Held
     from django_outbox.engine.lease import Lease, fenced
     from django_outbox.jobs import maintenance
     from django_outbox.jobs.models import Job
     from django_outbox.jobs.running import Running
 
+    beat = Heartbeat("jobs")
+    running = list(Job.objects.filter(lock_token=RUNNING_TOKEN).values_list("pk", flat=True))
+    held = Held(Running(), Lease(token=RUNNING_TOKEN, seconds=60), running)
+    held.begin(running[:1])
+    beat.hold(held)
     with CaptureQueriesContext(connection) as captured:
-        Heartbeat("jobs").extend_leases()
+        beat.extend_leases()
         sweeps.rescue_stuck(Running(), dead_workers=[uuid.uuid4()], at=timezone.now())
         fenced(Job, Lease.new(60), "RUNNING", "default").update(locked_until=None)
         maintenance.sweep()
@@ -150,6 +164,7 @@ def test_the_jobs_sweeps_and_renewals_read_their_partial_indexes(job_history):
         "outbox_job_batch_idx",
         "outbox_job_due_idx",
         "outbox_job_due_all_idx",
+        "outbox_job_batch_active_idx",
     )
     with connection.cursor() as cursor:
         for sql in statements:

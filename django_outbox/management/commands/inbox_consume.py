@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.conf import get_settings
+from django_outbox.engine import heartbeat
 from django_outbox.inbox.consumers.kombu import ConsumeResult, KombuConsumer
 from django_outbox.management.commands._args import non_negative_float, positive_int
 
@@ -86,17 +87,23 @@ class Command(BaseCommand):
                 f"inbox_consume: {', '.join(names)}; "
                 + ("storing and handling" if not options["no_handle"] else "storing only")
             )
-        threads = [
-            threading.Thread(
-                target=consumer.run, kwargs={"until_idle": options["until_idle"]}, daemon=True
-            )
-            for consumer in consumers[1:]
-        ]
-        for thread in threads:
-            thread.start()
-        consumers[0].run(until_idle=options["until_idle"])
-        for thread in threads:
-            thread.join()
+        # The handlers' claims carry this process's worker id: if it dies, another
+        # worker's heartbeat gives them back within seconds, not after their lease.
+        heartbeat.start("inbox", options["database"])
+        try:
+            threads = [
+                threading.Thread(
+                    target=consumer.run, kwargs={"until_idle": options["until_idle"]}, daemon=True
+                )
+                for consumer in consumers[1:]
+            ]
+            for thread in threads:
+                thread.start()
+            consumers[0].run(until_idle=options["until_idle"])
+            for thread in threads:
+                thread.join()
+        finally:
+            heartbeat.stop()
         total = ConsumeResult()
         for consumer in consumers:
             for name, value in consumer.result.as_dict().items():

@@ -1,0 +1,288 @@
+"""The state changes of every part, written once and keyed by its ``Lifecycle``.
+
+An outcome (``engine.outcomes``) becomes one named transition, the names
+django-tasks-db and River use:
+
+- ``mark_done``: the step succeeded; the row is finished (``done``).
+- ``retry_later``: it failed and may succeed later: ``ready`` again after a
+  backoff with jitter.
+- ``dead_letter``: it failed for good, or its attempts are used up: ``failed``,
+  for an operator.
+- ``hold``: its outcome is uncertain and the part holds such rows: ``failed``,
+  marked as held (the outbox's ``uncertain``).
+- ``skip``: deliberately not done: ``skipped`` (lock-mode parts).
+- ``defer``: not yet: ``ready`` again later, the attempt not counted.
+- ``release``: given back before it started (or started but handed back): ``ready``
+  at once, the attempt not counted.
+
+Whoever records an outcome (a runner after its step, the rescue of a dead
+worker's rows, a lock-mode batch) asks :func:`decide` for the change and
+writes it with :func:`apply`: a rescue cannot forget what a normal failure
+does (the job's own attempt limit, its error entry, parking its serial key).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.db.models import Case, F, When
+
+from django_outbox.engine import clock
+from django_outbox.engine.backoff import backoff_delay
+from django_outbox.engine.outcomes import Defer, Done, Fail, Outcome, Retry, Skip, Uncertain
+
+if TYPE_CHECKING:
+    from django_outbox.engine.part import Part
+
+#: Characters of an error kept in ``last_error``.
+ERROR_CHARS = 4000
+
+#: What every transition out of a lease clears (who holds the row, until when).
+LEASE_CLEARED: dict[str, Any] = {"locked_until": None, "lock_token": None, "claimed_by": None}
+
+
+class Transition(enum.Enum):
+    """The named ways a row leaves a step (see the module's docstring)."""
+
+    MARK_DONE = "mark_done"
+    RETRY_LATER = "retry_later"
+    DEAD_LETTER = "dead_letter"
+    HOLD = "hold"
+    SKIP = "skip"
+    DEFER = "defer"
+    RELEASE = "release"
+
+
+#: Transitions that record a failed attempt (signals, logs, metrics).
+FAILED = frozenset({Transition.RETRY_LATER, Transition.DEAD_LETTER, Transition.HOLD})
+#: Transitions after which a keyed row holds its key back until an operator acts.
+PARKS_KEY = frozenset({Transition.RETRY_LATER, Transition.DEAD_LETTER, Transition.HOLD})
+
+
+@dataclass(slots=True)
+class Change:
+    """One row's transition: the fields to write and the error text recorded."""
+
+    row: Any
+    transition: Transition
+    values: dict[str, Any]
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.transition in FAILED
+
+    @property
+    def will_retry(self) -> bool:
+        return self.transition is Transition.RETRY_LATER
+
+
+@dataclass
+class Applied:
+    """What :func:`apply` wrote: changes per transition, and the rows whose change was
+    not written because the row was no longer held (fenced out)."""
+
+    written: list[Change] = field(default_factory=list)
+    fenced: int = 0
+
+    def count(self, *transitions: Transition) -> int:
+        return sum(1 for change in self.written if change.transition in transitions)
+
+
+class Decisions:
+    """Turns outcomes into changes for one group of rows recorded at *now*.
+
+    Rows that finished with nothing of their own share one dict of values (and so
+    one UPDATE)."""
+
+    def __init__(self, part: Part, now: clock.Instant) -> None:
+        self.part = part
+        self.now = now
+        self._done: dict[str, Any] | None = None
+
+    def done_values(self) -> dict[str, Any]:
+        """The fields of a row that finished (shared by every such row of the group)."""
+        if self._done is None:
+            part = self.part
+            values = {
+                "state": part.lifecycle.done,
+                "locked_until": None,
+                "attempt_open": False,
+                "unclean_end": False,
+                **part.done_values(self.now),
+            }
+            if part.ordering is not None:
+                values.update(blocking=False, blocked=False)
+            self._done = values
+        return self._done
+
+    def decide(self, row: Any, outcome: Outcome) -> Change:
+        """The transition *outcome* means for *row* (whose ``attempts`` counts the
+        attempt that produced it), with every field the part writes for it."""
+        part, now = self.part, self.now
+        life = part.lifecycle
+        if isinstance(outcome, Done):
+            own = part.done_row_values(row, outcome)
+            values = {**self.done_values(), **own} if own else self.done_values()
+            return Change(row, Transition.MARK_DONE, values)
+        closed = {"attempt_open": False, "unclean_end": False}
+        if isinstance(outcome, Defer):
+            values = {
+                "state": life.ready,
+                "available_at": clock.later(now, outcome.seconds),
+                "last_error": outcome.reason[:ERROR_CHARS],
+                **LEASE_CLEARED,
+                **closed,
+            }
+            if getattr(row, "attempt_open", False):
+                values["attempts"] = max(int(row.attempts) - 1, 0)
+            return Change(row, Transition.DEFER, values)
+        if isinstance(outcome, Skip):
+            if life.skipped is None:
+                raise TypeError(f"{part.name} has no skipped state for {outcome!r}")
+            values = {
+                "state": life.skipped,
+                "last_error": outcome.reason[:ERROR_CHARS],
+                **LEASE_CLEARED,
+                **closed,
+                **part.done_values(now),
+            }
+            return Change(row, Transition.SKIP, values)
+        if not isinstance(outcome, (Retry, Fail, Uncertain)):
+            raise TypeError(f"{part.name} gave the outcome {outcome!r}: not an engine outcome")
+        return _failure(part, row, outcome, now, closed)
+
+
+def decide(part: Part, row: Any, outcome: Outcome, now: clock.Instant) -> Change:
+    """The change *outcome* means for one *row* (see ``Decisions.decide``)."""
+    return Decisions(part, now).decide(row, outcome)
+
+
+def _failure(
+    part: Part,
+    row: Any,
+    outcome: Retry | Fail | Uncertain,
+    now: clock.Instant,
+    closed: dict[str, Any],
+) -> Change:
+    life = part.lifecycle
+    text = outcome.error or "failed"
+    base = {**LEASE_CLEARED, **closed, **part.failed_values(row, outcome)}
+    if isinstance(outcome, Uncertain) and part.holds_uncertain(row):
+        text = f"outcome uncertain, held for an operator: {text}"
+        values = {"state": life.failed, **base, **part.held_values(row, now)}
+        return _keyed(part, row, Change(row, Transition.HOLD, values, text[:ERROR_CHARS]))
+    attempts = int(row.attempts)
+    if isinstance(outcome, Fail) or attempts >= part.max_attempts(row):
+        if not isinstance(outcome, Fail):
+            counted = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+            text = f"gave up after {counted}: {text}"
+        values = {"state": life.failed, **base, **part.dead_values(row, now)}
+        if isinstance(outcome, Uncertain):
+            # Its last attempt may have happened: the operator must know (outbox's mark).
+            values.update(part.held_values(row, now))
+        return _keyed(part, row, Change(row, Transition.DEAD_LETTER, values, text[:ERROR_CHARS]))
+    delay = outcome.delay
+    if delay is None:
+        low, high = part.retry_delays(row)
+        delay = backoff_delay(max(attempts, 1), base=low, maximum=high, rng=part.rng)
+    values = {"state": life.ready, "available_at": clock.later(now, delay), **base}
+    return _keyed(part, row, Change(row, Transition.RETRY_LATER, values, text[:ERROR_CHARS]))
+
+
+def _keyed(part: Part, row: Any, change: Change) -> Change:
+    """Record the error; a keyed row that failed holds its key back (its followers are
+    parked until it finishes)."""
+    ordering = part.ordering
+    if ordering is not None and getattr(row, ordering.key_fields[-1], None) is not None:
+        change.values["blocking"] = True
+    change.values["last_error"] = change.error
+    return change
+
+
+def release(part: Part, row: Any) -> Change:
+    """Give *row* back before its attempt (or with its attempt uncounted)."""
+    values: dict[str, Any] = {"state": part.lifecycle.ready, **LEASE_CLEARED}
+    values["attempt_open"] = False
+    return Change(row, Transition.RELEASE, values)
+
+
+def release_values(part: Part) -> dict[str, Any]:
+    """The UPDATE of a release by query (rows not loaded): a row whose attempt was
+    declared gets it back uncounted."""
+    return {
+        "state": part.lifecycle.ready,
+        **LEASE_CLEARED,
+        "attempts": Case(
+            When(attempt_open=True, then=F("attempts") - 1),
+            default=F("attempts"),
+            output_field=models.PositiveIntegerField(),
+        ),
+        "attempt_open": False,
+    }
+
+
+def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> Applied:
+    """Write *changes* to the rows of *held* (the rows the writer still holds: a lease
+    token, a state); park the keys of keyed rows that failed and free those of rows that
+    finished. Run it inside a transaction when it writes more than one statement."""
+    from django_outbox.engine import ordering
+    from django_outbox.engine.lease import update_each, with_ids
+
+    applied = Applied()
+    if not changes:
+        return applied
+    # Rows that share one dict of values (finished with nothing of their own) go in one
+    # UPDATE; the rest are grouped by equal values, or written with CASE.
+    shared: dict[int, tuple[dict[str, Any], list[Any]]] = {}
+    each: dict[Any, dict[str, Any]] = {}
+    for change in changes:
+        if change.transition is Transition.MARK_DONE:
+            shared.setdefault(id(change.values), (change.values, []))[1].append(change.row.pk)
+        else:
+            each[change.row.pk] = change.values
+    written = 0
+    for values, ids in shared.values():
+        if len(ids) == 1:
+            each[ids[0]] = values
+        else:
+            written += with_ids(held, ids).update(**values)
+    written += update_each(held, each)
+    if part.ordering is not None:
+        parking = [c.row for c in changes if c.values.get("blocking") is True]
+        freeing = [
+            c.row
+            for c in changes
+            if c.transition is Transition.MARK_DONE and getattr(c.row, "blocking", False)
+        ]
+        if parking:
+            ordering.block(part, parking)
+        if freeing:
+            ordering.unblock(part, freeing)
+    applied.fenced = len(changes) - written
+    applied.written = list(changes)
+    return applied
+
+
+def rows_of(changes: Iterable[Change], *transitions: Transition) -> list[Any]:
+    """The rows of *changes* that took one of *transitions*."""
+    return [c.row for c in changes if c.transition in transitions]
+
+
+__all__ = [
+    "ERROR_CHARS",
+    "LEASE_CLEARED",
+    "Applied",
+    "Change",
+    "Decisions",
+    "Transition",
+    "apply",
+    "decide",
+    "release",
+    "release_values",
+    "rows_of",
+]
