@@ -1,20 +1,38 @@
 """Worker heartbeats: the rows of a dead worker come back in seconds, not after a lease.
 
 A long lease protects a slow worker; a short one rescues a dead worker's
-rows fast. Heartbeats give both: each worker process (``outbox_relay``, a
-Celery worker process, later the inbox consumer and the jobs worker) runs a
-daemon thread that writes its row in ``django_outbox_worker`` with the
-database's clock every ``HEARTBEAT_SECONDS`` (1 s), and stamps every row it
-claims with its id. A worker whose heartbeat is older than
-``WORKER_TIMEOUT_SECONDS`` (3 s) is dead: any live worker's heartbeat thread
-rescues its running rows at once and wakes the part's runners. A worker that
-is merely slow (its main thread blocked in a transport) keeps beating and
-keeps its rows for the whole lease. A frozen worker (SIGSTOP) stops beating
-and loses its rows; when it resumes, the lease token fences it out.
+rows fast. Heartbeats give both. Each worker process runs a daemon thread
+that writes its row in ``django_outbox_worker`` with the database's clock
+every ``HEARTBEAT_SECONDS`` (1 s): the long-running commands built on
+``WorkerLoop`` (``outbox_relay``, ``jobs_worker``, and ``inbox_consume``
+when it has no kombu source), and a Celery worker process from the first
+delivery, handling, job or sweep task it runs (not eager or direct calls).
+The process stamps every row it claims under a lease (outbox messages,
+jobs) with its id; the inbox claims under row locks, which die with the
+connection, and needs no stamp.
+
+A worker whose heartbeat is older than ``WORKER_TIMEOUT_SECONDS`` (3 s) is
+dead: the next beat of any live worker rescues its running rows (back to
+ready, or held where the part's policy says so), deletes its worker row and
+wakes the part's runners (this process's loop at once, others through a
+trigger). A worker that is merely slow (its main thread blocked in a
+transport or a long job) keeps beating: it keeps its rows for the whole
+lease, and where the part extends leases (jobs) the beat renews the leases
+of the rows it runs, so a long job keeps them however long it takes. A
+frozen worker (SIGSTOP) stops beating and loses its rows; when it resumes,
+it finds its row gone, logs that it was declared dead and writes a new one,
+and the lease token fences out what it still records.
 
 A rescuer only judges others after it has itself beaten without failure for a
-whole timeout, so after a database outage, when every heartbeat is stale,
-nobody rescues a live worker's rows before that worker had the chance to beat.
+whole timeout (measured on its own monotonic clock), so after a database
+outage, when every heartbeat is stale, nobody rescues a live worker's rows
+before that worker had the chance to beat. The thread also warns, once per
+episode, when a part with unfinished rows has not been swept for
+``SWEEP_STALE_SECONDS``.
+
+The price: one UPDATE per beat and process, and once healthy one query for
+stale workers per beat (plus a lease-renewing UPDATE per part that extends
+leases).
 """
 
 from __future__ import annotations

@@ -54,7 +54,9 @@ class JobTask(compat.Task):  # type: ignore[misc,valid-type,unused-ignore]
     - ``retry_on`` / ``dont_retry``: which exceptions are retried (default:
       every ``Exception``; ``dont_retry`` wins).
     - ``retry_base_seconds`` / ``retry_max_seconds``: the exponential backoff
-      (with jitter) between attempts (default: the section's settings).
+      between attempts, with equal jitter (between half and all of
+      ``base * 2**(attempt-1)``, capped at the maximum; default: the section's
+      settings).
     - ``timeout``: seconds an attempt may run before ``JobTimeout`` (a
       ``TimeoutError``) is raised in it (see ``django_outbox.jobs.timeouts``).
     - ``unique_key``: while a job with this key is READY or RUNNING, enqueuing
