@@ -428,8 +428,15 @@ def load_task(path: str) -> Any:
 
 
 def _mismatch(path: str, option: str, exc: TypeError) -> str:
+    import importlib.metadata
+
+    import django
     from django.conf import settings
 
+    if compat.SOURCE == "django_tasks":
+        api = f"django-tasks {importlib.metadata.version('django-tasks')} (the backport)"
+    else:
+        api = f"django.tasks of Django {django.get_version()}"
     backends = getattr(settings, "TASKS", None) or {}
     seen = ", ".join(
         f"{alias!r} → {params.get('BACKEND')}"
@@ -439,11 +446,11 @@ def _mismatch(path: str, option: str, exc: TypeError) -> str:
     return (
         f"{path} cannot be loaded: {exc}. {option!r} is an option of django-outbox's jobs "
         "backend, but the @task that declared it built a plain Task. In this process "
-        f"django_outbox uses the Tasks API of {compat.SOURCE} with TASKS "
-        f"{seen or 'unset (the immediate backend)'}. Check that the task's backend alias "
-        "is set to 'django_outbox.jobs.JobsBackend' in the settings this worker runs "
-        f"with, that its module imports task from {compat.SOURCE}, and restart workers "
-        "started before the django-tasks backport was installed."
+        f"django_outbox uses {api} with TASKS {seen or 'unset (the immediate backend)'}. "
+        "Check that the task's backend alias is set to 'django_outbox.jobs.JobsBackend' "
+        f"in the settings this worker runs with, that its module imports task from "
+        f"{compat.SOURCE} (on Django 5.2: django-tasks 0.12, the 'jobs' extra), and "
+        "restart workers started before the django-tasks backport was installed."
     )
 
 
