@@ -13,6 +13,10 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/django_outbox
 MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
+# The package with its integrations, editable, plus the pinned contributor groups of
+# pyproject.toml's [dependency-groups] (PEP 735: pip >= 25.1, hence the upgrade first).
+PIP_INSTALL = bin/pip install -q --disable-pip-version-check
+EDITABLE = -e ".[redis,postgres,http]" --group dev
 
 .PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs chaos
 
@@ -30,14 +34,14 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q --disable-pip-version-check -U pip
 	$(VENV)/bin/pip uninstall -q -y django-outbox 2>/dev/null || true  # the pre-rename name
 	rm -rf django_outbox.egg-info
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52]"
+	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52
 	touch $@
 
 $(VENV6)/.installed: pyproject.toml
 	$(PY312) -m venv $(VENV6)
 	$(VENV6)/bin/pip install -q --disable-pip-version-check -U pip
 	$(VENV6)/bin/pip uninstall -q -y django-outbox 2>/dev/null || true
-	$(VENV6)/bin/pip install -q --disable-pip-version-check -e ".[dev,django61]"
+	$(VENV6)/$(PIP_INSTALL) $(EDITABLE) --group django61
 	touch $@
 
 # Debian's chromium for the browser tests (tests/browser), installed when missing;
@@ -96,7 +100,7 @@ demo-ci: $(VENV)/.installed
 		$(VENV)/bin/python manage.py migrate -v0 && $(VENV)/bin/python manage.py outbox_demo --orders 90
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52,peers]"
+	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 100000 --repeat 3
 	$(VENV)/bin/python -m tests.benchmarks.latency --rates 100,500,2000 --seconds 10
 
@@ -114,7 +118,7 @@ bench-inbox: $(VENV)/.installed
 # Jobs: jobs_worker (1 and 2 processes) against a Celery solo worker and django-tasks-db's
 # db_worker, enqueue against a bare INSERT and delay_on_commit, enqueue -> start latency.
 bench-jobs: $(VENV)/.installed
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[dev,django52,peers]"
+	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 20000 --repeat 3
 
 bench-admin: $(VENV)/.installed

@@ -128,6 +128,8 @@ DJANGO_OUTBOX: dict[str, Any] = {
             "billing": {"TRANSPORT": "local", "SOURCE": "shop"},
         }
     },
+    # ... and the inbox source it delivers into, declared (system check W006).
+    "INBOX": {"SOURCES": {"shop": {"TRANSPORT": "local"}}},
     "BATCH_SIZE": int(os.environ.get("OUTBOX_BATCH_SIZE", "500")),
     "LEASE_SECONDS": float(os.environ.get("OUTBOX_LEASE_SECONDS", "60")),
     "RETRY_BASE_SECONDS": float(os.environ.get("OUTBOX_RETRY_BASE_SECONDS", "2")),

@@ -28,6 +28,9 @@ step has run longer than ``HANDBACK_SECONDS`` it gives the rows of that batch
 not yet started back, so idle workers take them. A lease nobody works on any
 more (its batch raised, its process lost the database) is not renewed: it
 runs out, and the rows come back.
+
+The price: one UPDATE per beat and process, one query for dead workers per
+beat, and an UPDATE per part with running rows whose leases it renews.
 """
 
 from __future__ import annotations

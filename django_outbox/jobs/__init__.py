@@ -27,8 +27,9 @@ def cancel_requested(result_id: Any, *, using: str | None = None) -> bool:
 
 
 def batch(on_finish: Any = None, *, using: str | None = None, **kwargs: Any) -> Any:
-    """Group the jobs enqueued in a ``with`` block; *on_finish* runs once when all have
-    finished (see ``django_outbox.jobs.batches``)."""
+    """Group the jobs enqueued in a ``with`` block; *on_finish* is enqueued exactly once
+    when all have finished, and then runs at least once, like any job (see
+    ``django_outbox.jobs.batches``)."""
     from django_outbox.jobs.batches import batch as open_batch
 
     return open_batch(on_finish, using=using, **kwargs)

@@ -54,7 +54,9 @@ class JobTask(compat.Task):  # type: ignore[misc,valid-type,unused-ignore]
     - ``retry_on`` / ``dont_retry``: which exceptions are retried (default:
       every ``Exception``; ``dont_retry`` wins).
     - ``retry_base_seconds`` / ``retry_max_seconds``: the exponential backoff
-      (with jitter) between attempts (default: the section's settings).
+      between attempts, with equal jitter (between half and all of
+      ``base * 2**(attempt-1)``, capped at the maximum; default: the section's
+      settings).
     - ``timeout``: seconds an attempt may run before ``JobTimeout`` (a
       ``TimeoutError``) is raised in it (see ``django_outbox.jobs.timeouts``).
     - ``unique_key``: while a job with this key is READY or RUNNING, enqueuing
@@ -393,16 +395,74 @@ def to_result(job: Job, *, task: Any = None, backend: str | None = None) -> Any:
     return result
 
 
+class TasksApiMismatch(OutboxError, TypeError):
+    """A task module declared a task with our options (``max_attempts`` …), but the
+    ``@task`` it used built Django's plain ``Task``: the backend it named is not ours in
+    this process, or the module uses another Tasks API than ours."""
+
+
+#: The options our task class adds to Django's ``Task``.
+JOB_OPTIONS = tuple(
+    f.name
+    for f in dataclasses.fields(JobTask)
+    if f.name not in {g.name for g in dataclasses.fields(compat.Task)}
+)
+
+
 def load_task(path: str) -> Any:
-    """The ``Task`` object at dotted *path* (a module-level decorated function)."""
-    found = import_string(path)
+    """The ``Task`` object at dotted *path* (a module-level decorated function).
+
+    Raises ``TasksApiMismatch`` when importing the module fails because ``@task``
+    refused one of our options: the worker's Tasks API or ``TASKS`` is not the one the
+    task was written for, which Django's ``TypeError`` does not say."""
+    try:
+        found = import_string(path)
+    except TypeError as exc:
+        option = next((name for name in JOB_OPTIONS if f"'{name}'" in str(exc)), None)
+        if option is None:
+            raise
+        raise TasksApiMismatch(_mismatch(path, option, exc)) from exc
     if not isinstance(found, compat.Task):
         raise TypeError(f"{path} is not a task (decorate it with @task)")
     return found
+
+
+def _mismatch(path: str, option: str, exc: TypeError) -> str:
+    import importlib.metadata
+
+    import django
+    from django.conf import settings
+
+    if compat.SOURCE == "django_tasks":
+        api = f"django-tasks {importlib.metadata.version('django-tasks')} (the backport)"
+    else:
+        api = f"django.tasks of Django {django.get_version()}"
+    backends = getattr(settings, "TASKS", None) or {}
+    seen = ", ".join(
+        f"{alias!r} → {params.get('BACKEND')}"
+        for alias, params in backends.items()
+        if isinstance(params, Mapping)
+    )
+    return (
+        f"{path} cannot be loaded: {exc}. {option!r} is an option of django-outbox's jobs "
+        "backend, but the @task that declared it built a plain Task. In this process "
+        f"django_outbox uses {api} with TASKS {seen or 'unset (the immediate backend)'}. "
+        "Check that the task's backend alias is set to 'django_outbox.jobs.JobsBackend' "
+        f"in the settings this worker runs with, that its module imports task from "
+        f"{compat.SOURCE} (on Django 5.2: django-tasks 0.12, the 'jobs' extra), and "
+        "restart workers started before the django-tasks backport was installed."
+    )
 
 
 def _signal(name: str, result: Any) -> None:
     getattr(compat.signals, name).send(sender=JobsBackend, task_result=result)
 
 
-__all__ = ["JobArgumentsError", "JobTask", "JobsBackend", "check_json", "to_result"]
+__all__ = [
+    "JobArgumentsError",
+    "JobTask",
+    "JobsBackend",
+    "TasksApiMismatch",
+    "check_json",
+    "to_result",
+]

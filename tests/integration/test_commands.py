@@ -121,3 +121,46 @@ def test_outbox_relay_survives_a_database_error(monkeypatch):
     worker.retry_delay = 0
     total = worker.run()
     assert (worker.errors, total.sent) == (1, 1)
+
+
+@pytest.fixture
+def loopback(configure_outbox):
+    """This service's outbox delivers into its own inbox (the local transport), whose
+    handler records what it handled; no kombu source and no Celery."""
+    from django_outbox.inbox.handlers import handler, unregister
+
+    configure_outbox(
+        DESTINATIONS={"self": {"TRANSPORT": "local", "SOURCE": "self"}},
+        INBOX={"SOURCES": {"self": {"TRANSPORT": "local"}}},
+    )
+    handled = []
+
+    @handler("note.added")
+    def note_added(message):
+        handled.append(message.payload["n"])
+
+    yield handled
+    unregister("note.added")
+
+
+def test_inbox_consume_without_a_kombu_source_handles_what_arrives_otherwise(loopback):
+    for n in range(3):
+        django_outbox.send("note.added", {"n": n}, to="self")
+    run("outbox_relay", "--until-empty", "--interval", "0")
+
+    out = run("inbox_consume", "--until-idle", "0")
+
+    assert "no kombu source to consume; handling what is due from: self (local)" in out
+    assert "inbox_consume stopped: 3 handled" in out
+    assert sorted(loopback) == [0, 1, 2]
+
+
+def test_inbox_consume_says_how_the_messages_of_other_sources_arrive(loopback, configure_outbox):
+    with pytest.raises(CommandError, match="'self' is a local source, not kombu: its messages"):
+        run("inbox_consume", "self")
+    # The source only the destination names:
+    configure_outbox(DESTINATIONS={"self": {"TRANSPORT": "local", "SOURCE": "self"}})
+    with pytest.raises(CommandError, match="'self': its messages need no consumer"):
+        run("inbox_consume", "self")
+    with pytest.raises(CommandError, match="no kombu source to store from"):
+        run("inbox_consume", "--no-handle")

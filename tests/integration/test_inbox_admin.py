@@ -116,3 +116,34 @@ def test_an_operator_releases_a_strict_key_from_its_gap(client):
     finally:
         unregister("step.done")
     assert InboxMessage.objects.count() == 2
+
+
+def test_the_source_filter_lists_configured_sources_and_sources_with_rows(
+    client, configure_outbox, django_assert_max_num_queries
+):
+    """Given a declared kombu source, a local destination into an undeclared source and
+    rows from a source that only receive() knew, the filter offers each of them once."""
+    configure_outbox(
+        DESTINATIONS={"self": {"TRANSPORT": "local", "SOURCE": "loopback"}},
+        INBOX={"SOURCES": {"orders": {"TRANSPORT": "kombu", "URL": "amqp://x", "QUEUE": "q"}}},
+    )
+    for n in range(3):
+        django_outbox.receive("t", {}, source="partner", message_id=f"p{n}", trigger=False)
+    django_outbox.receive("t", {}, source="orders", message_id="o1", trigger=False)
+    client.force_login(staff())
+
+    response = client.get(reverse(CHANGELIST))
+
+    [source_filter] = [f for f in response.context["cl"].filter_specs if f.title == "source"]
+    offered = [value for value, _ in source_filter.lookup_choices]
+    assert offered == ["celery-task", "loopback", "orders", "partner"]
+    filtered = client.get(reverse(CHANGELIST), {"source": "partner"})
+    assert len(filtered.context["cl"].result_list) == 3
+
+
+def test_stored_sources_cost_one_query_per_source(django_assert_num_queries):
+    for n, source in enumerate(("b", "a", "c", "a", "b")):
+        django_outbox.receive("t", {}, source=source, message_id=f"m{n}", trigger=False)
+    with django_assert_num_queries(4):  # a, b, c, then the seek that finds none
+        assert InboxMessage.objects.sources() == ["a", "b", "c"]
+    assert InboxMessage.objects.sources(limit=2) == ["a", "b"]

@@ -3,15 +3,39 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
-from django_outbox.conf import get_settings
+from django_outbox.conf import Source, get_settings
 from django_outbox.engine import heartbeat
+from django_outbox.engine.loop import WorkerLoop
 from django_outbox.inbox.consumers.kombu import ConsumeResult, KombuConsumer
+from django_outbox.inbox.handling import Inbox
 from django_outbox.management.commands._args import non_negative_float, positive_int
+from django_outbox.outbox.transports.local import local_sources
+
+#: How messages of the sources this command does not consume arrive.
+_ARRIVAL = {
+    "local": "its messages need no consumer: the relay's local transport stores them, and "
+    "the DISPATCH triggers, the sweep or a running inbox_consume handle them",
+    "webhook": "its messages arrive through the webhook view (inbox/{name}/)",
+    "celery": "its messages arrive through the Celery task django_outbox.receive",
+}
+
+
+def _listing(
+    sources: Mapping[str, Source], delivered: Mapping[str, Any], leave_out: list[str]
+) -> str:
+    """The other sources with their transports, ``"self (local), hooks (webhook)"``: the
+    declared ones and those only a local destination names."""
+    kinds = {name: "local" for name in delivered}
+    kinds.update({name: source.transport for name, source in sources.items()})
+    return ", ".join(
+        f"{name} ({kind})" for name, kind in sorted(kinds.items()) if name not in leave_out
+    )
 
 
 class Command(BaseCommand):
@@ -23,7 +47,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "sources", nargs="*", help="Source names (default: every kombu source)."
+            "sources",
+            nargs="*",
+            help="Source names (default: every kombu source; with none configured, only "
+            "handle what is due from the other sources).",
         )
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
         parser.add_argument(
@@ -49,23 +76,39 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print the summary as JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        inbox = get_settings().inbox
+        config = get_settings()
+        inbox = config.inbox
+        # Sources whose messages need no consumer: this service's own outbox stores them.
+        delivered = local_sources(config.outbox.destinations.values())
         names = options["sources"] or [
             name for name, source in inbox.sources.items() if source.transport == "kombu"
         ]
+        others = _listing(inbox.sources, delivered, names)
+        if not names and others:
+            if options["no_handle"]:
+                raise CommandError(f"no kombu source to store from (the others: {others})")
+            # Nothing to consume, but messages arrive otherwise (this service's own
+            # outbox, webhooks): without Celery, this is the process that handles them.
+            self._handle_due(options, others)
+            return
         if not names:
             raise CommandError(
-                "no kombu source to consume: add one to DJANGO_OUTBOX['INBOX']['SOURCES'], "
-                "e.g. {'orders': {'TRANSPORT': 'kombu', 'URL': 'amqp://…', 'QUEUE': 'orders'}}"
+                "no inbox source: add one to DJANGO_OUTBOX['INBOX']['SOURCES'], e.g. "
+                "{'orders': {'TRANSPORT': 'kombu', 'URL': 'amqp://…', 'QUEUE': 'orders'}}"
             )
         consumers = []
         for name in names:
+            if name in delivered and name not in inbox.sources:
+                raise CommandError(f"source {name!r}: {_ARRIVAL['local']}")
             try:
                 source = inbox.source(name)
             except Exception as exc:
                 raise CommandError(str(exc)) from None
             if source.transport != "kombu":
-                raise CommandError(f"source {name!r} is a {source.transport} source, not kombu")
+                raise CommandError(
+                    f"source {name!r} is a {source.transport} source, not kombu: "
+                    + _ARRIVAL[source.transport].format(name=name)
+                )
             consumers.append(
                 KombuConsumer(
                     source,
@@ -85,7 +128,12 @@ class Command(BaseCommand):
         if options["verbosity"] >= 1 and not options["json"]:
             self.stdout.write(
                 f"inbox_consume: {', '.join(names)}; "
-                + ("storing and handling" if not options["no_handle"] else "storing only")
+                + ("storing only" if options["no_handle"] else "storing and handling")
+                + (
+                    f"; when idle, also handles what is due from: {others}"
+                    if others and not options["no_handle"]
+                    else ""
+                )
             )
         # The handlers' claims carry this process's worker id: if it dies, another
         # worker's heartbeat gives them back within seconds, not after their lease.
@@ -116,3 +164,23 @@ class Command(BaseCommand):
                 f"{total.duplicates} duplicate(s), {total.unreadable} unreadable, "
                 f"{total.handled} handled"
             )
+
+    def _handle_due(self, options: dict[str, Any], others: str) -> None:
+        """No kombu source: handle what is due from every source until stopped (with
+        ``--until-idle``: until nothing is due), as ``outbox_relay`` delivers."""
+        loop = WorkerLoop(
+            Inbox(using=options["database"], batch_size=options["batch"]),
+            interval=KombuConsumer.drain_interval,
+            until_empty=options["until_idle"] is not None,
+        )
+        signal.signal(signal.SIGTERM, loop.stop)
+        signal.signal(signal.SIGINT, loop.stop)
+        if options["verbosity"] >= 1 and not options["json"]:
+            self.stdout.write(
+                f"inbox_consume: no kombu source to consume; handling what is due from: {others}"
+            )
+        total = ConsumeResult(handled=loop.run().done)
+        if options["json"]:
+            self.stdout.write(json.dumps(total.as_dict(), sort_keys=True))
+        elif options["verbosity"] >= 1:
+            self.stdout.write(f"inbox_consume stopped: {total.handled} handled")
