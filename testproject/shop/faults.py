@@ -43,3 +43,18 @@ def freeze_in_handler_once(marker: str) -> None:
     path.write_text("in handler")
     while True:
         time.sleep(3600)
+
+
+def install_pause_after_publish(marker: str, seconds: float) -> None:
+    """After the first published batch, write *marker* and wait *seconds* before the
+    relay records the outcomes: the test cuts the database meanwhile."""
+    paused: list[bool] = []
+
+    def pause(*, messages: Any, **kwargs: Any) -> None:
+        if paused:
+            return
+        paused.append(True)
+        Path(marker).write_text("\n".join(str(m.message_id) for m in messages))
+        time.sleep(seconds)
+
+    outbox_batch_published.connect(pause, weak=False, dispatch_uid="pause-after-publish")

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,32 @@ def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: flo
         os.kill(process.pid, sig)
     output, _ = process.communicate(timeout=timeout)
     return output
+
+
+def read_as_it_comes(process: subprocess.Popen[str]) -> subprocess.Popen[str]:
+    """Read *process*'s output on a thread as it comes (a full pipe would stall it);
+    ``finish(process)`` stops it and returns what it printed."""
+    lines: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    process.lines = lines  # type: ignore[attr-defined]
+    process.reader = reader  # type: ignore[attr-defined]
+    return process
+
+
+def finish(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 20) -> str:
+    """Signal a process started with ``read_as_it_comes``, wait, return its output."""
+    if process.poll() is None:
+        os.kill(process.pid, sig)
+    process.wait(timeout=timeout)
+    process.reader.join(timeout=timeout)  # type: ignore[attr-defined]
+    return "".join(process.lines)  # type: ignore[attr-defined]
 
 
 def kombu_ids_in_redis(url: str, queue: str) -> list[str]:

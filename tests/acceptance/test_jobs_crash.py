@@ -4,12 +4,10 @@ seconds; a long job keeps its lease; two workers never run one job twice."""
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 
@@ -20,8 +18,8 @@ from django_outbox.jobs.maintenance import sweep
 from django_outbox.jobs.models import Job, JobState
 from testproject.shop import jobs
 from testproject.shop.models import Payment
+from tests.acceptance.helpers import finish, read_as_it_comes, wait_for
 from tests.acceptance.helpers import stop as stop_process
-from tests.acceptance.helpers import wait_for
 from tests.conftest import ROOT, spawn_manage, subprocess_env
 
 pytestmark = [
@@ -52,27 +50,14 @@ ENQUEUE_AND_DIE = textwrap.dedent(
 
 def jobs_worker(*args, **env):
     """A ``jobs_worker`` whose output is read as it comes (a full pipe would stall it)."""
-    process = spawn_manage(
-        "jobs_worker", "--json", "--interval", "0.1", *args, env=subprocess_env(**env)
+    return read_as_it_comes(
+        spawn_manage("jobs_worker", "--json", "--interval", "0.1", *args, env=subprocess_env(**env))
     )
-    process.lines = []
-
-    def read():
-        for line in process.stdout:
-            process.lines.append(line)
-
-    process.reader = threading.Thread(target=read, daemon=True)
-    process.reader.start()
-    return process
 
 
 def stop(process, sig=signal.SIGTERM, timeout=20):
     """Signal a worker, wait for it, and return what it printed."""
-    if process.poll() is None:
-        os.kill(process.pid, sig)
-    process.wait(timeout=timeout)
-    process.reader.join(timeout=timeout)
-    return "".join(process.lines)
+    return finish(process, sig, timeout)
 
 
 @pytest.mark.redis
