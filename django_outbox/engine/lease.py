@@ -413,11 +413,12 @@ def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, 
 
 
 def _comparable(value: Any) -> Any:
-    """*value*, or for JSON lists and dicts their canonical text (rows that set equal
-    JSON values share an UPDATE)."""
+    """What decides whether two rows set the same value and may share an UPDATE: the
+    value with its type (``True == 1`` in Python, not in a JSON column), and for JSON
+    lists and dicts their canonical text."""
     if isinstance(value, list | dict):
         return ("json", json.dumps(value, sort_keys=True, default=str))
-    return value
+    return (type(value), value)
 
 
 def _update_case(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, Any]]) -> int:

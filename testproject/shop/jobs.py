@@ -133,3 +133,29 @@ def ledger_entry(account, n, seconds=0.02):
         order_ref=f"{account}:{n}", status=f"{started:.6f}-{time.time():.6f}-{os.getpid()}"
     )
     return n
+
+
+@task()
+def echo(value):
+    """Returns its argument as it is (results of different JSON types)."""
+    return value
+
+
+@task(max_attempts=1)
+def once(order_ref):
+    """A job that must not run twice: one attempt."""
+    Payment.objects.create(order_ref=order_ref, status="once")
+    return order_ref
+
+
+@task(max_attempts=3)
+def interrupted():
+    """Raises KeyboardInterrupt, as Ctrl-C in the worker's terminal would."""
+    raise KeyboardInterrupt
+
+
+@task(serial_key="order-{order}", max_attempts=1, queue_name="emails")
+def order_email(order, step):
+    """A step of an order's serial key that runs on the emails queue."""
+    Payment.objects.create(order_ref=f"{order}:{step}", status="email")
+    return step
