@@ -20,10 +20,11 @@ A worker that dies in step 2 loses its connection: the database rolls the
 transaction back, effects included. The rows keep their counted attempt and
 ``attempt_open``; they are due again when their lease runs out (at once when
 the heartbeats find the worker dead). A row claimed with ``attempt_open`` (or
-``unclean_end``) set ended its last attempt uncleanly: it is handled alone, in
-a transaction of its own, so a row that kills its worker cannot take its
-batch down with it, and once its attempts are used up it is dead-lettered
-with the reason instead of being handled again.
+``unclean_end``) set ended its last attempt uncleanly: it is claimed and
+handled alone, in a transaction of its own, so a row that kills its worker
+cannot take another batch down with it (only the batch it first killed was
+charged an attempt with it), and once its attempts are used up it is
+dead-lettered with the reason instead of being handled again.
 
 The price: one more committed statement per batch, and a batch holds its
 transaction for as long as its handlers run, so keep handlers short (long
@@ -136,6 +137,11 @@ class LockedRunner(Runner):
                 transitions.apply(part, model.filter(state=part.lifecycle.ready), worn)
             gone = {change.row.pk for change in worn}
             rows = [row for row in rows if row.pk not in gone]
+            # A row whose last attempt killed its worker is handled alone, and nothing
+            # else is claimed with it: the others would be charged if it kills again.
+            alone = next((row for row in rows if row.pk in suspects), None)
+            if alone is not None:
+                rows = [alone]
             if rows:
                 with_ids(model, [row.pk for row in rows]).update(
                     locked_until=clock.later(now, part.config.lease_seconds),
@@ -150,7 +156,7 @@ class LockedRunner(Runner):
             row.attempt_open = True
             row.lock_token = lease.token
             row.claimed_by = lease.worker
-        return Claimed(rows, lease, suspects - gone, worn)
+        return Claimed(rows, lease, {row.pk for row in rows} & suspects, worn)
 
     # -- handle --------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ def payment_captured(message):
     )
     if os.environ.get("TESTPROJECT_FREEZE_IN_HANDLER"):  # crash tests: killed in here
         faults.freeze_in_handler_once(os.environ["TESTPROJECT_FREEZE_IN_HANDLER"])
+    if message.payload.get("kills_its_worker"):  # a poison message: out of memory, say
+        os._exit(70)
     if message.payload.get("fail"):
         raise ValueError(f"cannot capture {message.payload['order']}")
     if message.payload.get("retry"):
