@@ -270,6 +270,7 @@ class LockedRunner(Runner):
         return result, changes
 
     def _after_commit(self, changes: Sequence[Change]) -> None:
+        self.part.on_recorded(changes)
         done = transitions.rows_of(changes, Transition.MARK_DONE)
         if done:
             self.part.on_done(done)

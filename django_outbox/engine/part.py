@@ -245,6 +245,10 @@ class Part:
     def on_failed(self, row: Any, error: str, will_retry: bool) -> None:
         """Called once per failed attempt that was recorded."""
 
+    def on_recorded(self, changes: Sequence[Any]) -> None:
+        """Called with every change of a group once it is committed (lock mode: the inbox
+        wakes messages it deferred whose predecessor committed meanwhile)."""
+
     def on_rescued(self, result: Any) -> None:
         """Called after a rescue moved rows (a ``RescueResult``)."""
 

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import Q
 
 from django_outbox import signals
 from django_outbox.engine import clock, triggers
@@ -33,6 +34,7 @@ from django_outbox.engine.outcomes import (
 )
 from django_outbox.engine.part import Attempt, Lifecycle, Part, register
 from django_outbox.engine.retry import connection_broken, is_transient
+from django_outbox.engine.transitions import Transition
 from django_outbox.exceptions import ConfigurationError, RetryableError
 from django_outbox.inbox.handlers import Handler, get_handler
 from django_outbox.inbox.models import FINISHED_STATES, InboxCursor, InboxMessage, InboxState
@@ -42,6 +44,8 @@ from django_outbox.wire import HEADER_REPLY_TO
 HANDLE_TASK = "django_outbox.tasks.handle_inbox"
 #: ``last_error`` of a message whose gap was reported (reported once).
 GAP_ALERT = "gap alert: "
+#: ``last_error`` of a message of a strict key waiting for its predecessor.
+WAITING = "waiting for sequence"
 
 
 class _HandlerRaised(Exception):
@@ -201,7 +205,7 @@ class Handling(Part):
             )
         if handler.ordering == "latest" or sequence == last + 1:
             return None
-        reason = f"waiting for sequence {last + 1} of key {message.key!r} (this is {sequence})"
+        reason = f"{WAITING} {last + 1} of key {message.key!r} (this is {sequence})"
         # It sleeps until the alert is due: handling its predecessor wakes it
         # at once, so a gap costs no claims while it lasts.
         alert_after = self.settings.inbox.gap_alert_seconds
@@ -251,6 +255,44 @@ class Handling(Part):
         )
         if waiting:
             self.woken += messages.filter(pk__in=waiting).update(available_at=now)
+
+    def on_recorded(self, changes: Sequence[Any]) -> None:
+        """Wake messages of strict keys this batch deferred for a gap whose predecessor
+        committed meanwhile.
+
+        Their predecessor's batch wakes them when it commits, if it can see them; but
+        a message this batch inserted (``inbox_consume``) was invisible to it until
+        now. Reading the cursors under their lock waits for a batch still handling
+        the key, so one of the two always sees the other: no wake-up is lost."""
+        waiting = [
+            c.row
+            for c in changes
+            if c.transition is Transition.DEFER
+            and str(c.values.get("last_error", "")).startswith(WAITING)
+        ]
+        if not waiting:
+            return
+        keys = sorted({(row.source, row.key) for row in waiting})
+        wanted = Q()
+        for source, key in keys:
+            wanted |= Q(source=source, key=key)
+        with transaction.atomic(using=self.using):
+            last = dict(
+                ((c.source, c.key), c.last_sequence)
+                for c in InboxCursor.objects.using(self.using)
+                .filter(wanted)
+                .order_by("source", "key")
+                .select_for_update()
+            )
+            ready = [
+                row.pk for row in waiting if row.sequence == last.get((row.source, row.key), 0) + 1
+            ]
+            if ready:
+                self.woken += (
+                    InboxMessage.objects.using(self.using)
+                    .filter(pk__in=ready, state=InboxState.SHOULD_BE_HANDLED)
+                    .update(available_at=clock.now())
+                )
 
     # -- recording ---------------------------------------------------------------
 

@@ -36,6 +36,11 @@ def order_status(message):
 def order_step(message):
     """Appends each step of an order in sequence order: a gap makes later steps wait."""
     Payment.objects.create(order_ref=message.key, status="step", sequence=message.sequence)
+    delay = float(os.environ.get("TESTPROJECT_HANDLER_DELAY", "0"))
+    if delay:  # contention tests: batches of several workers overlap
+        import time
+
+        time.sleep(delay)
 
 
 @handler("quote.requested")
