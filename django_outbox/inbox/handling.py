@@ -25,6 +25,7 @@ from django_outbox.engine.retry import is_transient
 from django_outbox.exceptions import DeliveryError, PermanentError, RetryableError
 from django_outbox.inbox.handlers import Handler, get_handler
 from django_outbox.inbox.models import FINISHED_STATES, InboxCursor, InboxMessage, InboxState
+from django_outbox.validation import storable
 from django_outbox.wire import HEADER_REPLY_TO
 
 #: The Celery task an on-commit trigger of the inbox sends.
@@ -138,8 +139,10 @@ class Handling(Part):
                 raise
             if not isolated:
                 raise _HandlerRaised from exc
-            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            tb = traceback.format_exc()
+            # Kept as the row's last_error and traceback: what PostgreSQL cannot store
+            # (a NUL) is escaped, or recording the failure would fail the whole batch.
+            text = storable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            tb = storable(traceback.format_exc())
             if isinstance(exc, (RetryableError, *handler.retry_on)):
                 return RetryableHandlerError(text, tb)
             return PermanentHandlerError(text, tb)

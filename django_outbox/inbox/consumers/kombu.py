@@ -14,6 +14,10 @@ it commits), so a batch costs one commit, and a crash anywhere before it
 rolls back the rows with the handlers' effects: the broker redelivers them.
 With ``--no-handle`` it only stores, and triggers the handlers as
 ``DISPATCH`` says.
+
+A message whose values the database refuses does not hold back its batch: the
+batch is stored again one message at a time, and the refused one is kept as
+``handle_error`` (see ``intake``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +37,7 @@ from django_outbox.conf import Source
 from django_outbox.engine import triggers
 from django_outbox.engine.retry import retry_transient
 from django_outbox.inbox.handling import Handling, Inbox
-from django_outbox.inbox.intake import Arrival, Stored, store_many
+from django_outbox.inbox.intake import REFUSED, Arrival, Stored, store_each, store_many
 
 logger = logging.getLogger("django_outbox.inbox")
 
@@ -47,6 +52,8 @@ class ConsumeResult:
     unreadable: int = 0
     handled: int = 0
     failed_batches: int = 0
+    #: Messages the database refused even as unreadable: rejected, logged at ERROR.
+    refused: int = 0
     batches: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -168,7 +175,16 @@ class KombuConsumer:
             source=self.source.name,
             ids=stored.ids,
         )
-        self._ack(batch)
+        for position, refused in stored.refused.items():
+            # Retrying it would fail again, forever: give it up, said loudly.
+            logger.error(
+                "%s; rejected (dead-lettered if the queue has a dead-letter exchange, "
+                "else dropped)",
+                refused,
+            )
+            self.result.refused += 1
+            batch[position].reject(requeue=False)
+        self._ack([m for n, m in enumerate(batch) if n not in stored.refused])
         self.result.batches += 1
         if inbox is not None and isinstance(inbox.part, Handling) and inbox.part.woken:
             # Handling made messages of strict keys due (stored earlier, waiting for
@@ -176,13 +192,35 @@ class KombuConsumer:
             self.result.handled += inbox.drain().done
 
     def _store(self, arrivals: list[Arrival], inbox: Inbox | None) -> tuple[Stored, int]:
-        """Store *arrivals* and, with *inbox*, handle the new ones, in one transaction:
-        the inserted rows are this transaction's until it commits, so they need no
-        claim, and a crash rolls back rows and effects together (the broker, not yet
-        acknowledged, delivers them again). Returns what was stored and handled."""
+        """Store *arrivals* in one statement; if the database refuses a value of the
+        batch, one by one (so the message at fault is kept as unreadable, and the
+        others are stored as usual)."""
+        try:
+            return self._store_with(store_many, arrivals, inbox)
+        except REFUSED as exc:
+            logger.warning(
+                "the database refused a batch of %d message(s) from %s (%s: %s); storing "
+                "them one by one",
+                len(arrivals),
+                self.source.name,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+            return self._store_with(store_each, arrivals, inbox)
+
+    def _store_with(
+        self,
+        storer: Callable[..., Stored],
+        arrivals: Sequence[Arrival],
+        inbox: Inbox | None,
+    ) -> tuple[Stored, int]:
+        """Store *arrivals* with *storer* and, with *inbox*, handle the new ones, in one
+        transaction: the inserted rows are this transaction's until it commits, so they
+        need no claim, and a crash rolls back rows and effects together (the broker,
+        not yet acknowledged, delivers them again). Returns what was stored and handled."""
         handled = 0
         with transaction.atomic(using=self.using):
-            stored = store_many(arrivals, using=self.using)
+            stored = storer(arrivals, using=self.using)
             if inbox is not None and stored.rows:
                 handled = inbox.run_owned(stored.rows).done
         if inbox is None and stored.rows:
@@ -193,6 +231,8 @@ class KombuConsumer:
     def _ack(self, batch: list[Any]) -> None:
         """Acknowledge *batch*: on AMQP with one frame (``multiple``: every delivery up to
         the last of the batch, all of them in it), elsewhere message by message."""
+        if not batch:
+            return
         if self._multiple_ack:
             batch[-1].ack(multiple=True)
             return
