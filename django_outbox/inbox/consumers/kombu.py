@@ -18,10 +18,17 @@ With ``--no-handle`` it only stores, and triggers the handlers as
 A message whose values the database refuses does not hold back its batch: the
 batch is stored again one message at a time, and the refused one is kept as
 ``handle_error`` (see ``intake``).
+
+A lost broker connection is made again, with backoff (``outage``); the
+messages in hand, never acknowledged, come again from the broker and are
+recognised. The consumer gives up (``SourceUnavailable``) once the broker has
+been unreachable for ``max_outage`` seconds, or at once when the broker
+refuses it for a reason reconnecting cannot fix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -30,12 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kombu
+import kombu.exceptions
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from django_outbox import signals
 from django_outbox.conf import Source
 from django_outbox.engine import triggers
 from django_outbox.engine.retry import retry_transient
+from django_outbox.inbox.consumers.outage import Outage, SourceUnavailable
 from django_outbox.inbox.handling import Handling, Inbox
 from django_outbox.inbox.intake import REFUSED, Arrival, Stored, store_each, store_many
 
@@ -74,6 +83,10 @@ class KombuConsumer:
     stop_event: threading.Event = field(default_factory=threading.Event)
     result: ConsumeResult = field(default_factory=ConsumeResult)
 
+    #: Give up once the broker has been unreachable this long (seconds; 0: at the
+    #: first failure).
+    max_outage: float = 300.0
+
     def __post_init__(self) -> None:
         self._pending: list[Any] = []
         self._multiple_ack = False
@@ -84,51 +97,168 @@ class KombuConsumer:
 
     def run(self, *, until_idle: float | None = None, max_messages: int | None = None) -> None:
         """Consume until stopped, until no message came for *until_idle* seconds, or
-        after *max_messages* messages."""
+        after *max_messages* messages.
+
+        Reconnects when the broker connection is lost or cannot be made; raises
+        ``SourceUnavailable`` when that lasted ``max_outage`` seconds, or when the
+        broker refused the consumer (credentials, a queue declared differently).
+        """
+        connection = self._connection()
+        outage: Outage | None = None
+        try:
+            while not self.stop_event.is_set():
+                connected = False
+                try:
+                    # One try: the waiting between tries is ours (see _wait_out).
+                    connection.ensure_connection(max_retries=0, reraise_as_library_errors=False)
+                    connected = True
+                    if outage is not None:
+                        logger.info(
+                            "inbox source %r: connected to %s again after %.1f s (%d failed tr%s)",
+                            self.source.name,
+                            connection.as_uri(),
+                            outage.lasted(time.monotonic()),
+                            outage.failures,
+                            "y" if outage.failures == 1 else "ies",
+                        )
+                        outage = None
+                    self._consume(connection, until_idle=until_idle, max_messages=max_messages)
+                    return
+                except Exception as exc:
+                    if not self._recoverable(connection, exc):
+                        raise
+                    # Never acknowledged: the broker gives them to a consumer again.
+                    self._pending = []
+                    url = connection.as_uri()
+                    self._forget(connection)
+                    if self.stop_event.is_set():
+                        return
+                    outage = self._wait_out(outage, exc, url=url, connected=connected)
+                    connection.maybe_switch_next()  # the next of a failover URL's hosts
+        finally:
+            with contextlib.suppress(Exception):  # it may be gone already
+                connection.release()
+            connections[self.using].close()
+
+    def _connection(self) -> kombu.Connection:
+        options = self.source.options
+        return kombu.Connection(
+            options["url"], transport_options=dict(options.get("transport_options") or {})
+        )
+
+    def _recoverable(self, connection: kombu.Connection, exc: Exception) -> bool:
+        """Whether reconnecting may cure *exc*: ``True`` for a lost or refused connection,
+        raises ``SourceUnavailable`` for the broker's other refusals, and ``False`` for
+        what is not the broker's (a bug: the caller lets it through)."""
+        recoverable = (
+            *connection.recoverable_connection_errors,
+            *connection.recoverable_channel_errors,
+            kombu.exceptions.OperationalError,  # kombu's wrapper of the ones above
+        )
+        if isinstance(exc, recoverable):
+            return True
+        if isinstance(exc, (*connection.connection_errors, *connection.channel_errors)):
+            raise SourceUnavailable(
+                f"inbox source {self.source.name!r}: {connection.as_uri()} refused the consumer "
+                f"({type(exc).__name__}: {exc}); reconnecting cannot fix this"
+            ) from exc
+        return False
+
+    def _wait_out(
+        self, outage: Outage | None, exc: Exception, *, url: str, connected: bool
+    ) -> Outage:
+        """Count a failed try of *outage* (begun now if ``None``) and sleep until the next
+        one; raise ``SourceUnavailable`` when the time allowed is spent."""
+        now = time.monotonic()
+        error = f"{type(exc).__name__}: {exc}"
+        if outage is None:
+            outage = Outage(began=now, max_seconds=self.max_outage)
+            if self.max_outage > 0:
+                # One line per outage, not one per try.
+                logger.warning(
+                    "inbox source %r: %s %s (%s); reconnecting for up to %g s",
+                    self.source.name,
+                    "lost its connection to" if connected else "cannot connect to",
+                    url,
+                    error,
+                    self.max_outage,
+                )
+        pause = outage.next_pause(now)
+        if pause is None:
+            raise SourceUnavailable(
+                f"inbox source {self.source.name!r}: gave up after {outage.lasted(now):.0f} s "
+                f"without a connection to {url} ({error}; --max-outage {self.max_outage:g})"
+            ) from exc
+        self.stop_event.wait(pause)
+        return outage
+
+    def _forget(self, connection: kombu.Connection) -> None:
+        """Drop a lost connection's socket and channels without waiting on the broker."""
+        try:
+            connection.collect(socket_timeout=1.0)
+        except Exception:  # it is gone either way
+            logger.debug("closing the connection of %s failed", self.source.name, exc_info=True)
+
+    def _consume(
+        self, connection: kombu.Connection, *, until_idle: float | None, max_messages: int | None
+    ) -> None:
+        """Consume on *connection* until stopped, idle or done; broker errors propagate."""
         options = self.source.options
         prefetch = int(options.get("prefetch") or self.batch_size * 2)
-        with kombu.Connection(
-            options["url"], transport_options=dict(options.get("transport_options") or {})
-        ) as connection:
-            queue = kombu.Queue(str(options["queue"]), durable=True)
-            self._multiple_ack = connection.transport.driver_type == "amqp"
-            with connection.Consumer([queue], on_message=self._on_message, prefetch_count=prefetch):
-                idle_since = time.monotonic()
-                batch_started: float | None = None
-                last_drain = 0.0
-                while not self.stop_event.is_set():
-                    # With messages in hand, wait only a moment for more: a batch is
-                    # flushed as soon as the socket is drained (low latency when
-                    # quiet), or when full or old (large batches under load).
-                    got = True
-                    try:
-                        connection.drain_events(
-                            timeout=self.batch_seconds if self._pending else 0.2
-                        )
-                    except TimeoutError:
-                        got = False
-                    now = time.monotonic()
-                    if self._pending:
-                        idle_since = now
-                        batch_started = batch_started or now
-                        if (
-                            not got
-                            or len(self._pending) >= self.batch_size
-                            or now - batch_started >= self.batch_seconds
-                        ):
-                            self.flush()
-                            batch_started = None
-                    elif self.handle and now - last_drain >= self.drain_interval:
-                        # Idle: handle what is due from elsewhere (retries that came
-                        # due, messages of a consumer that died mid-handling).
-                        self.result.handled += Inbox(using=self.using).drain().done
-                        last_drain = now
-                    if max_messages is not None and self.result.received >= max_messages:
-                        break
-                    if until_idle is not None and now - idle_since >= until_idle:
-                        break
-                self.flush()
-        connections[self.using].close()
+        queue = kombu.Queue(str(options["queue"]), durable=True)
+        self._multiple_ack = connection.transport.driver_type == "amqp"
+        consumer = connection.Consumer(
+            [queue], on_message=self._on_message, prefetch_count=prefetch
+        )
+        consumer.consume()
+        idle_since = time.monotonic()
+        batch_started: float | None = None
+        last_drain = 0.0
+        while not self.stop_event.is_set():
+            # With messages in hand, wait only a moment for more: a batch is
+            # flushed as soon as the socket is drained (low latency when
+            # quiet), or when full or old (large batches under load).
+            got = True
+            try:
+                connection.drain_events(timeout=self.batch_seconds if self._pending else 0.2)
+            except TimeoutError:
+                got = False
+            now = time.monotonic()
+            if self._pending:
+                idle_since = now
+                batch_started = batch_started or now
+                if (
+                    not got
+                    or len(self._pending) >= self.batch_size
+                    or now - batch_started >= self.batch_seconds
+                ):
+                    self.flush()
+                    batch_started = None
+            elif self.handle and now - last_drain >= self.drain_interval:
+                # Idle: handle what is due from elsewhere (retries that came
+                # due, messages of a consumer that died mid-handling).
+                self._drain_due()
+                last_drain = now
+            if max_messages is not None and self.result.received >= max_messages:
+                break
+            if until_idle is not None and now - idle_since >= until_idle:
+                break
+        self.flush()
+        with contextlib.suppress(*connection.connection_errors, *connection.channel_errors):
+            consumer.cancel()
+
+    def _drain_due(self) -> None:
+        try:
+            self.result.handled += Inbox(using=self.using).drain().done
+        except DatabaseError as exc:
+            # The next batch meets the same database and gives its messages back.
+            logger.warning(
+                "inbox source %r: handling due messages failed (%s: %s); trying again",
+                self.source.name,
+                type(exc).__name__,
+                exc,
+            )
+            connections[self.using].close()
 
     def _on_message(self, message: Any) -> None:
         self._pending.append(message)
