@@ -3,6 +3,17 @@
 Task names are stable and public (beat schedules and ``task_routes`` refer
 to them). A worker process that runs them keeps a heartbeat, so if it dies
 the rows it held are rescued within seconds (see ``engine.heartbeat``).
+
+Acknowledgement: the tasks that carry something found nowhere else, the
+incoming message of ``django_outbox.receive`` and the beat tick of
+``enqueue_job``, are acknowledged only after they ran (``acks_late``) and
+go back to the queue when their worker process dies
+(``reject_on_worker_lost``); both are idempotent, by (source, message id)
+and by the tick's task id. The others keep Celery's default and are
+acknowledged as they start: their work is in the database already (the
+rows of an on-commit trigger, a sweep's due rows), so a lost one costs a
+delay until the next sweep, never a message, and a row that kills its worker
+comes back at the sweep's pace, not redelivered at once, forever.
 """
 
 from __future__ import annotations
@@ -110,11 +121,17 @@ def purge_jobs(using: str = DEFAULT_DB_ALIAS) -> int:
 
 
 @idempotent_task(  # type: ignore[untyped-decorator]
-    name="django_outbox.enqueue_job", acks_late=True, ignore_result=True
+    name="django_outbox.enqueue_job",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    requeue_on_database_error=True,
+    ignore_result=True,
 )
 def enqueue_job(path: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     """Beat's tick of a periodic job (``django_outbox.jobs.periodic``): enqueue the task
-    at *path*, once per tick (the tick's task id is recorded with the job)."""
+    at *path*, once per tick (the tick's task id is recorded with the job). Acknowledged
+    once the job is enqueued: a tick whose worker process died, or that met a database
+    it could not reach, is delivered again; nothing else would send it."""
     from django_outbox.jobs.backend import load_task
 
     result = load_task(path).enqueue(*args, **kwargs)
