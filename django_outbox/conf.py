@@ -201,6 +201,7 @@ _SOURCE_KEYS = frozenset(
         "SECRET",
         "TOLERANCE_SECONDS",
         "PREFETCH",
+        "HEARTBEAT",
         "MAX_BODY_BYTES",
         "TYPE_HEADER",
         "KEY_HEADER",
@@ -411,6 +412,8 @@ def _source(name: Any, raw: Any, max_body: int) -> Source:
     for required in _SOURCE_REQUIRED[transport]:
         if not raw.get(required):
             raise ConfigurationError(f"{path}['{required}'] is required for a {transport} source")
+    if "HEARTBEAT" in raw:
+        _number(raw, "HEARTBEAT", None, path)
     return Source(
         name=name,
         transport=transport,

@@ -171,6 +171,44 @@ def test_a_consumer_rides_out_a_broker_outage_and_handles_every_message_once(
     assert "Traceback" not in output
 
 
+def test_a_silent_connection_is_found_by_heartbeats_and_made_again(
+    configure_outbox, amqp_url, queue_name, proxy
+):
+    """A link that stays open but carries nothing back (a NAT or load balancer that
+    dropped the connection without a reset) is noticed after two missed heartbeats."""
+    url = through(proxy, amqp_url)
+    configure_outbox(
+        INBOX={
+            "SOURCES": {
+                "shop": {"TRANSPORT": "kombu", "URL": url, "QUEUE": queue_name, "HEARTBEAT": 1}
+            }
+        }
+    )
+    declare(amqp_url, queue_name)
+    consumer = Consumer("--max-outage", "60")
+    try:
+        publish(amqp_url, queue_name, ["before-1"])
+        wait_handled(consumer, "before-", 1)
+        proxy.mode = "swallow_replies"  # requests still go through; nothing comes back
+        try:
+            wait_for(lambda: consumer.said("WARNING"), timeout=30, what="the silence noticed")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; it said:\n{consumer.output()[-3000:]}") from None
+        proxy.down()  # the silent connections end with the episode
+        proxy.mode = "forward"
+        proxy.up()
+        publish(amqp_url, queue_name, ["after-1"])
+        wait_handled(consumer, "after-", 1)
+        assert consumer.alive()
+    finally:
+        code = consumer.stop()
+    output = consumer.output()
+    assert code == 0, output
+    [silent] = consumer.said("WARNING")
+    assert "heartbeats missed" in silent, output
+    assert Payment.objects.count() == 2
+
+
 def test_a_source_that_cannot_reconnect_ends_the_whole_process(configure_outbox, amqp_url, proxy):
     """Two sources, one thread each: the second loses its broker for good. The process
     exits non-zero (a supervisor restarts it) instead of living on with one source."""
@@ -206,9 +244,15 @@ def test_a_source_that_cannot_reconnect_ends_the_whole_process(configure_outbox,
     assert "Traceback" not in output, output
 
 
-def test_a_broker_down_at_start_is_one_line_and_a_non_zero_exit(configure_outbox, queue_name):
+@pytest.mark.parametrize("scheme", ["amqp", "redis"])
+def test_a_broker_down_at_start_is_one_line_and_a_non_zero_exit(
+    configure_outbox, queue_name, scheme
+):
     closed = TcpProxy(RABBITMQ)  # a free port nobody listens on
-    url = f"amqp://guest:secret@127.0.0.1:{closed.port}//"
+    url = {
+        "amqp": f"amqp://guest:secret@127.0.0.1:{closed.port}//",
+        "redis": f"redis://:secret@127.0.0.1:{closed.port}/7",
+    }[scheme]
     configure_outbox(
         INBOX={"SOURCES": {"shop": {"TRANSPORT": "kombu", "URL": url, "QUEUE": queue_name}}}
     )

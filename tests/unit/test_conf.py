@@ -42,6 +42,9 @@ def destinations(value):
     return {"OUTBOX": {"DESTINATIONS": value}}
 
 
+KOMBU_SOURCE = {"TRANSPORT": "kombu", "URL": "amqp://rabbit//", "QUEUE": "in"}
+
+
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
@@ -65,6 +68,14 @@ def destinations(value):
         # The flat layout of 0.1 says where each key went.
         ({"DESTINATIONS": {}}, "set DJANGO_OUTBOX['OUTBOX']['DESTINATIONS'] instead"),
         ({"DELIVER_TASK_QUEUE": "q"}, "task_routes"),
+        (
+            {"INBOX": {"SOURCES": {"s": {**KOMBU_SOURCE, "HEARTBEAT": "60"}}}},
+            "['SOURCES']['s']['HEARTBEAT'] must be a number",
+        ),
+        (
+            {"INBOX": {"SOURCES": {"s": {**KOMBU_SOURCE, "HEARTBEAT": -1}}}},
+            "['HEARTBEAT'] must be >= 0",
+        ),
     ],
 )
 def test_wrong_settings_raise_a_clear_error(raw, fragment):

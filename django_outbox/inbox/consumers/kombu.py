@@ -50,6 +50,13 @@ from django_outbox.inbox.intake import REFUSED, Arrival, Stored, store_each, sto
 
 logger = logging.getLogger("django_outbox.inbox")
 
+#: AMQP heartbeat (seconds) unless the source sets ``HEARTBEAT`` (0: none). Two
+#: missed heartbeats of the broker's mean the link is dead: the consumer reconnects.
+DEFAULT_HEARTBEAT_SECONDS = 60.0
+#: AMQP: the longest wait for one reply of the broker (``read_timeout``) or one
+#: write (``write_timeout``), unless the source's ``TRANSPORT_OPTIONS`` set them.
+AMQP_SOCKET_TIMEOUT_SECONDS = 30.0
+
 
 @dataclass
 class ConsumeResult:
@@ -90,6 +97,8 @@ class KombuConsumer:
     def __post_init__(self) -> None:
         self._pending: list[Any] = []
         self._multiple_ack = False
+        #: The broker outage under way, if any.
+        self._outage: Outage | None = None
 
     def stop(self, *args: Any) -> None:
         """Finish the batch in hand, then return from ``run()`` (a signal handler)."""
@@ -104,7 +113,6 @@ class KombuConsumer:
         broker refused the consumer (credentials, a queue declared differently).
         """
         connection = self._connection()
-        outage: Outage | None = None
         try:
             while not self.stop_event.is_set():
                 connected = False
@@ -112,16 +120,6 @@ class KombuConsumer:
                     # One try: the waiting between tries is ours (see _wait_out).
                     connection.ensure_connection(max_retries=0, reraise_as_library_errors=False)
                     connected = True
-                    if outage is not None:
-                        logger.info(
-                            "inbox source %r: connected to %s again after %.1f s (%d failed tr%s)",
-                            self.source.name,
-                            connection.as_uri(),
-                            outage.lasted(time.monotonic()),
-                            outage.failures,
-                            "y" if outage.failures == 1 else "ies",
-                        )
-                        outage = None
                     self._consume(connection, until_idle=until_idle, max_messages=max_messages)
                     return
                 except Exception as exc:
@@ -133,7 +131,7 @@ class KombuConsumer:
                     self._forget(connection)
                     if self.stop_event.is_set():
                         return
-                    outage = self._wait_out(outage, exc, url=url, connected=connected)
+                    self._outage = self._wait_out(exc, url=url, connected=connected)
                     connection.maybe_switch_next()  # the next of a failover URL's hosts
         finally:
             with contextlib.suppress(Exception):  # it may be gone already
@@ -142,8 +140,17 @@ class KombuConsumer:
 
     def _connection(self) -> kombu.Connection:
         options = self.source.options
+        url = str(options["url"])
+        transport_options = dict(options.get("transport_options") or {})
+        if kombu.Connection(url).transport.driver_type == "amqp":
+            # A reply that never comes (closing a connection that went silent) must
+            # not hold the consumer, and its SIGTERM, forever.
+            for name in ("read_timeout", "write_timeout"):
+                transport_options.setdefault(name, AMQP_SOCKET_TIMEOUT_SECONDS)
         return kombu.Connection(
-            options["url"], transport_options=dict(options.get("transport_options") or {})
+            url,
+            heartbeat=float(options.get("heartbeat", DEFAULT_HEARTBEAT_SECONDS)),
+            transport_options=transport_options,
         )
 
     def _recoverable(self, connection: kombu.Connection, exc: Exception) -> bool:
@@ -164,13 +171,12 @@ class KombuConsumer:
             ) from exc
         return False
 
-    def _wait_out(
-        self, outage: Outage | None, exc: Exception, *, url: str, connected: bool
-    ) -> Outage:
-        """Count a failed try of *outage* (begun now if ``None``) and sleep until the next
-        one; raise ``SourceUnavailable`` when the time allowed is spent."""
+    def _wait_out(self, exc: Exception, *, url: str, connected: bool) -> Outage:
+        """Count a failed try of the outage (begun now if none is under way) and sleep
+        until the next; raise ``SourceUnavailable`` when the time allowed is spent."""
         now = time.monotonic()
         error = f"{type(exc).__name__}: {exc}"
+        outage = self._outage
         if outage is None:
             outage = Outage(began=now, max_seconds=self.max_outage)
             if self.max_outage > 0:
@@ -211,6 +217,17 @@ class KombuConsumer:
             [queue], on_message=self._on_message, prefetch_count=prefetch
         )
         consumer.consume()
+        if self._outage is not None:
+            # Said once the subscription works (a Redis connection is made lazily).
+            logger.info(
+                "inbox source %r: connected to %s again after %.1f s (%d failed tr%s)",
+                self.source.name,
+                connection.as_uri(),
+                self._outage.lasted(time.monotonic()),
+                self._outage.failures,
+                "y" if self._outage.failures == 1 else "ies",
+            )
+            self._outage = None
         idle_since = time.monotonic()
         batch_started: float | None = None
         last_drain = 0.0
@@ -223,6 +240,8 @@ class KombuConsumer:
                 connection.drain_events(timeout=self.batch_seconds if self._pending else 0.2)
             except TimeoutError:
                 got = False
+            # Sends ours when due; raises when the broker's are overdue (a silent link).
+            connection.heartbeat_check()
             now = time.monotonic()
             if self._pending:
                 idle_since = now
@@ -243,9 +262,9 @@ class KombuConsumer:
                 break
             if until_idle is not None and now - idle_since >= until_idle:
                 break
+        # No basic.cancel: closing the connection ends the subscription without
+        # waiting for an answer that a broken link would never bring.
         self.flush()
-        with contextlib.suppress(*connection.connection_errors, *connection.channel_errors):
-            consumer.cancel()
 
     def _drain_due(self) -> None:
         try:
