@@ -22,7 +22,6 @@ from tests.proxy import TcpProxy
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.row_locks,
     pytest.mark.rabbitmq,
     pytest.mark.processes,
 ]

@@ -1,8 +1,9 @@
 """Messages whose values PostgreSQL refuses (a NUL in the type, a header, the message
-id or the key; a sequence beyond BIGINT) reach a real ``inbox_consume`` process from
-RabbitMQ, or the Celery task ``django_outbox.receive`` through a real worker, mixed
-with good ones: the good ones are handled, the bad ones are kept as ``handle_error``
-with the reason, and nothing goes back to the queue again and again."""
+id or the key; a sequence beyond BIGINT), and no database should store as they are,
+reach a real ``inbox_consume`` process from RabbitMQ, or the Celery task
+``django_outbox.receive`` through a real worker, mixed with good ones: the good ones
+are handled, the bad ones are kept as ``handle_error`` with the reason, and nothing
+goes back to the queue again and again."""
 
 import io
 import itertools
@@ -21,11 +22,7 @@ from tests.acceptance.helpers import stop, wait_for
 from tests.conftest import ROOT, spawn_manage, subprocess_env
 from tests.integration.test_kombu_transport import drain_queue
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.postgres,
-    pytest.mark.processes,
-]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
 GOOD = [(f"good-{n}", {"outbox-type": "payment.captured"}) for n in range(3)]
 #: (message id, headers, what its last_error says).
@@ -164,6 +161,7 @@ def refuse_in_database():
             cursor.execute(f"ALTER TABLE django_outbox_inbox DROP CONSTRAINT IF EXISTS {name}")
 
 
+@pytest.mark.postgres  # the CHECK constraints are written for PostgreSQL
 @pytest.mark.rabbitmq
 def test_a_batch_the_database_refuses_is_stored_one_by_one(
     configure_outbox, amqp_url, queue_name, refuse_in_database, caplog

@@ -99,6 +99,7 @@ class KombuConsumer:
         self._multiple_ack = False
         #: The broker outage under way, if any.
         self._outage: Outage | None = None
+        self._drain_failing = False
 
     def stop(self, *args: Any) -> None:
         """Finish the batch in hand, then return from ``run()`` (a signal handler)."""
@@ -271,13 +272,19 @@ class KombuConsumer:
             self.result.handled += Inbox(using=self.using).drain().done
         except DatabaseError as exc:
             # The next batch meets the same database and gives its messages back.
-            logger.warning(
-                "inbox source %r: handling due messages failed (%s: %s); trying again",
-                self.source.name,
-                type(exc).__name__,
-                exc,
-            )
+            if not self._drain_failing:  # once until a drain works again
+                logger.warning(
+                    "inbox source %r: handling due messages failed (%s: %s); trying again "
+                    "every %g s",
+                    self.source.name,
+                    type(exc).__name__,
+                    str(exc).strip(),
+                    self.drain_interval,
+                )
+            self._drain_failing = True
             connections[self.using].close()
+        else:
+            self._drain_failing = False
 
     def _on_message(self, message: Any) -> None:
         self._pending.append(message)
