@@ -125,12 +125,14 @@ class Command(BaseCommand):
 
         threads = [
             threading.Thread(
-                target=consume, args=(consumer,), name=f"inbox_consume {consumer.source.name}"
+                target=consume,
+                args=(consumer,),
+                name=f"inbox_consume {consumer.source.name}",
+                daemon=True,
             )
             for consumer in consumers
         ]
         for thread in threads:
-            thread.daemon = True
             thread.start()
         for thread in threads:
             # A join with a timeout lets the signal handlers run meanwhile.
