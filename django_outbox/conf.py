@@ -208,6 +208,7 @@ _SOURCE_KEYS = frozenset(
         "TOLERANCE_SECONDS",
         "ACCEPT_V1",
         "PREFETCH",
+        "HEARTBEAT",
         "MAX_BODY_BYTES",
         "TYPE_HEADER",
         "KEY_HEADER",
@@ -420,6 +421,8 @@ def _source(name: Any, raw: Any, max_body: int) -> Source:
             raise ConfigurationError(f"{path}['{required}'] is required for a {transport} source")
     if not isinstance(raw.get("ACCEPT_V1", False), bool):
         raise ConfigurationError(f"{path}['ACCEPT_V1'] must be True or False")
+    if "HEARTBEAT" in raw:
+        _number(raw, "HEARTBEAT", None, path)
     return Source(
         name=name,
         transport=transport,

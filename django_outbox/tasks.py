@@ -3,24 +3,67 @@
 Task names are stable and public (beat schedules and ``task_routes`` refer
 to them). A worker process that runs them keeps a heartbeat, so if it dies
 the rows it held are rescued within seconds (see ``engine.heartbeat``).
+
+Acknowledgement: the tasks that carry something found nowhere else, the
+incoming message of ``django_outbox.receive`` and the beat tick of
+``enqueue_job``, are acknowledged only after they ran (``acks_late``) and
+go back to the queue when their worker process dies
+(``reject_on_worker_lost``); both are idempotent, by (source, message id)
+and by the tick's task id. The others keep Celery's default and are
+acknowledged as they start: their work is in the database already (the
+rows of an on-commit trigger, a sweep's due rows), so a lost one costs a
+delay until the next sweep, never a message, and a row that kills its worker
+comes back at the sweep's pace, not redelivered at once, forever.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Task, shared_task
-from django.db import DEFAULT_DB_ALIAS
+from celery.signals import worker_process_init, worker_process_shutdown
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
-from django_outbox.engine import heartbeat
+from django_outbox.engine import heartbeat, triggers
+from django_outbox.engine.runner import Runner
 from django_outbox.inbox.tasks import idempotent_task
+
+logger = logging.getLogger("django_outbox.heartbeat")
 
 
 def _in_a_worker(task: Task) -> None:  # type: ignore[type-arg]
     """Start this worker process's heartbeat (not for eager or direct calls)."""
-    request = task.request
-    if not request.called_directly and not request.is_eager:
+    heartbeat.start_for_task(task.request)
+
+
+@worker_process_init.connect(weak=False)
+def _beat_from_the_start(**kwargs: Any) -> None:
+    """Every worker process of a Celery app that has our tasks beats from its start, not
+    from its first task of ours: a live process is then ready to judge a dead one as
+    soon as the timeout allows (a dead process's jobs run again within seconds), and
+    its claims always carry its id. A database away at that moment is not fatal: the
+    first task of ours starts the heartbeat instead."""
+    try:
         heartbeat.start("celery")
+    except DatabaseError:
+        logger.warning("no heartbeat at this worker process's start (the database is away)")
+
+
+@worker_process_shutdown.connect(weak=False)
+def _stop_beating(**kwargs: Any) -> None:
+    """A worker process that exits cleanly leaves nothing to rescue."""
+    heartbeat.stop()
+
+
+def _deliver(runner: Runner, ids: list[int], trigger: str) -> dict[str, int]:
+    """Run a trigger's rows, then what else is due; a drain that ran out of its budget
+    with rows still due sends the trigger again, so the work goes on in the next task
+    rather than waiting for the next sweep."""
+    result = runner.deliver(ids)
+    if runner.cut_short:
+        triggers.dispatch(trigger, runner.using, [])
+    return result.as_dict()
 
 
 @shared_task(name="django_outbox.deliver_messages", ignore_result=True, bind=True)
@@ -29,7 +72,7 @@ def deliver_messages(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) 
     from django_outbox.outbox.relay import Relay
 
     _in_a_worker(self)
-    return Relay(using=using).deliver(ids).as_dict()
+    return _deliver(Relay(using=using), ids, "outbox")
 
 
 @shared_task(name="django_outbox.sweep_outbox", ignore_result=True, bind=True)
@@ -56,7 +99,7 @@ def handle_inbox(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) -> d
     from django_outbox.inbox.handling import Inbox
 
     _in_a_worker(self)
-    return Inbox(using=using).deliver(ids).as_dict()
+    return _deliver(Inbox(using=using), ids, "inbox")
 
 
 @shared_task(name="django_outbox.sweep_inbox", ignore_result=True, bind=True)
@@ -89,7 +132,7 @@ def run_jobs(
     from django_outbox.jobs.running import Jobs
 
     _in_a_worker(self)
-    return Jobs(using=using, queues=[queue]).deliver(ids).as_dict()
+    return _deliver(Jobs(using=using, queues=[queue]), ids, f"jobs:{queue}")
 
 
 @shared_task(name="django_outbox.sweep_jobs", ignore_result=True, bind=True)
@@ -110,11 +153,17 @@ def purge_jobs(using: str = DEFAULT_DB_ALIAS) -> int:
 
 
 @idempotent_task(  # type: ignore[untyped-decorator]
-    name="django_outbox.enqueue_job", acks_late=True, ignore_result=True
+    name="django_outbox.enqueue_job",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    requeue_on_database_error=True,
+    ignore_result=True,
 )
 def enqueue_job(path: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     """Beat's tick of a periodic job (``django_outbox.jobs.periodic``): enqueue the task
-    at *path*, once per tick (the tick's task id is recorded with the job)."""
+    at *path*, once per tick (the tick's task id is recorded with the job). Acknowledged
+    once the job is enqueued: a tick whose worker process died, or that met a database
+    it could not reach, is delivered again; nothing else would send it."""
     from django_outbox.jobs.backend import load_task
 
     result = load_task(path).enqueue(*args, **kwargs)

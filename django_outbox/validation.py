@@ -31,6 +31,8 @@ def encode_json(value: Any, *, what: str) -> tuple[str, int]:
         encoded = text.encode("utf-8")
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
         raise PayloadError(f"{what} is not JSON-serializable: {exc}") from exc
+    except RecursionError:
+        raise PayloadError(f"{what} is nested too deeply to serialize") from None
     if _NUL_ESCAPE.search(text):
         raise PayloadError(
             f"{what} contains a NUL character (\\u0000), which PostgreSQL cannot store"
@@ -57,6 +59,20 @@ def check_printable(name: str, value: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidMessage(f"{name} {value!r} is not valid UTF-8 text: {exc}") from exc
+
+
+def escape_control(value: str) -> str:
+    """*value* with control characters written as ``\\xNN`` and lone surrogates as
+    ``\\udcNN``: printable text any database stores (for values kept for an operator
+    to read, not to use)."""
+    escaped = _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", value)
+    return escaped.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def storable(value: str) -> str:
+    """*value* with only what a database refuses escaped: NUL (PostgreSQL) and lone
+    surrogates (not UTF-8); line breaks and tabs stay (error texts, bodies)."""
+    return value.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:

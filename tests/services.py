@@ -87,3 +87,34 @@ def start_rabbitmq(timeout: float = 90) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"RabbitMQ did not start: {done.stdout}{done.stderr}")
         time.sleep(1)
+
+
+def stop_rabbitmq_app() -> None:
+    """Stop the RabbitMQ application cleanly (``rabbitmqctl stop_app``): clients get
+    CONNECTION_FORCED, durable queues and persistent messages are kept, the node stays
+    up for ``start_rabbitmq_app``."""
+    import subprocess
+
+    subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=60)
+
+
+def start_rabbitmq_app(timeout: float = 90) -> None:
+    """Start the RabbitMQ application again (``rabbitmqctl start_app``) and wait until it
+    accepts connections; starts the whole server if the node is gone."""
+    import subprocess
+
+    done = subprocess.run(["rabbitmqctl", "start_app"], capture_output=True, timeout=120)
+    if done.returncode != 0:
+        start_rabbitmq(timeout)
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(SERVICES["rabbitmq"], timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    "RabbitMQ did not accept connections after start_app"
+                ) from None
+            time.sleep(0.2)

@@ -385,6 +385,19 @@ def start(role: str, using: str = DEFAULT_DB_ALIAS) -> Heartbeat:
         return _current
 
 
+def start_for_task(request: Any) -> None:
+    """Start this Celery worker process's heartbeat from one of our tasks (*request* is
+    the task's ``request``; not for eager or direct calls, which run in the caller)."""
+    if request.called_directly or request.is_eager:
+        return
+    try:
+        start("celery")
+    except DatabaseError:
+        # The task meets the same database and says so; its claims carry no worker id
+        # meanwhile (their leases protect them).
+        logger.debug("no heartbeat: the database is away", exc_info=True)
+
+
 def stop() -> None:
     """Stop this process's heartbeat, if it runs."""
     global _current

@@ -219,6 +219,7 @@ class LockedRunner(Runner):
             raise transaction.TransactionManagementError(
                 "run_owned() needs the transaction that created the rows"
             )
+        self.part.before_batch(rows)
         for row in rows:
             row.attempts += 1  # this attempt, written with its outcome
         owned = self.part.model._default_manager.using(self.using).filter(

@@ -155,6 +155,8 @@ class Runner:
         #: Writes that failed (outcomes to record, rows to release), tried again by
         #: ``settle()``: fenced, so repeating one late changes nothing it should not.
         self.unsettled: list[Callable[[], Any]] = []
+        #: Whether the last ``drain()`` stopped for its budget with rows maybe still due.
+        self.cut_short = False
 
     @property
     def running(self) -> str:
@@ -379,6 +381,8 @@ class Runner:
         self, *, time_budget: float | None = None, max_batches: int | None = None
     ) -> RunResult:
         """Run batches until nothing is due, the budget (seconds) or *max_batches* is spent.
+        ``cut_short`` tells afterwards whether it stopped for the budget or the count
+        with rows possibly still due (a Celery task then sends its trigger again).
 
         With SKIP LOCKED (PostgreSQL, MariaDB), outside a transaction, the next
         batch is claimed by a helper thread while this one is processed and
@@ -386,28 +390,27 @@ class Runner:
         """
         budget = self.part.config.drain_seconds if time_budget is None else time_budget
         deadline = time.monotonic() + budget
+        self.cut_short = False
         self.settle()
         # The first batch runs here: an idle poll (nothing or little due) costs
         # one claim, no helper thread and no second database connection.
         total = self.run_batch()
-        done = max_batches is not None and total.batches >= max_batches
-        if not self._more(total) or done or time.monotonic() >= deadline:
-            return total
-        if self._can_prefetch():
-            left = None if max_batches is None else max_batches - total.batches
-            total += self._drain_prefetching(deadline, left)
-            return total
-        while max_batches is None or total.batches < max_batches:
-            result = self.run_batch()
-            total += result
-            if not self._more(result) or time.monotonic() >= deadline:
-                break
+        last = total
+        if self._more(total) and self._can_prefetch():
+            room = max_batches is None or total.batches < max_batches
+            if room and time.monotonic() < deadline:
+                left = None if max_batches is None else max_batches - total.batches
+                total += self._drain_prefetching(deadline, left)
+        else:
+            while self._more(last) and time.monotonic() < deadline:
+                if max_batches is not None and total.batches >= max_batches:
+                    break
+                last = self.run_batch()
+                total += last
+        out_of_time = time.monotonic() >= deadline
+        out_of_batches = max_batches is not None and total.batches >= max_batches
+        self.cut_short = (out_of_time or out_of_batches) and total.claimed > 0
         return total
-
-    def more_due(self, result: RunResult) -> bool:
-        """Whether rows may still be due after a drain that returned *result* (it ran
-        out of time or batches, not of rows)."""
-        return self._more(result)
 
     def _more(self, result: RunResult) -> bool:
         """Whether a drain goes on after *result*: a full batch means more may be due."""

@@ -19,6 +19,8 @@ MAX_TYPE_LENGTH = 255
 MAX_KEY_LENGTH = 255
 MAX_SOURCE_LENGTH = 100
 MAX_MESSAGE_ID_LENGTH = 255
+#: The largest sequence the column holds (a signed 64-bit integer).
+MAX_SEQUENCE = 2**63 - 1
 
 
 def receive(
@@ -97,6 +99,8 @@ def prepare(
         isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0
     ):
         raise InvalidMessage(f"sequence must be a non-negative integer, got {sequence!r}")
+    if sequence is not None and sequence > MAX_SEQUENCE:
+        raise InvalidMessage(f"sequence {sequence} is out of range: at most {MAX_SEQUENCE}")
     if sequence is not None and key is None:
         raise InvalidMessage("a sequence needs a key: it orders the messages of one key")
     header_map = check_headers(headers)

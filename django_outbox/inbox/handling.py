@@ -38,6 +38,7 @@ from django_outbox.engine.transitions import Transition
 from django_outbox.exceptions import ConfigurationError, RetryableError
 from django_outbox.inbox.handlers import Handler, get_handler
 from django_outbox.inbox.models import FINISHED_STATES, InboxCursor, InboxMessage, InboxState
+from django_outbox.validation import storable
 from django_outbox.wire import HEADER_REPLY_TO
 
 #: The Celery task an on-commit trigger of the inbox sends.
@@ -140,10 +141,12 @@ class Handling(Part):
                 raise
             if not isolated:
                 raise _HandlerRaised from exc
-            details = {"traceback": _handler_traceback(exc)}
+            # Kept as the row's last_error and traceback: what PostgreSQL cannot store
+            # (a NUL) is escaped, or recording the failure would fail the whole batch.
+            details = {"traceback": storable(_handler_traceback(exc))}
             if isinstance(exc, (RetryableError, *handler.retry_on)):
-                return Retry(describe(exc), details)
-            return Fail(describe(exc), details)
+                return Retry(storable(describe(exc)), details)
+            return Fail(storable(describe(exc)), details)
         return DONE
 
     def _reply(self, message: InboxMessage, reply: Any) -> None:
@@ -365,8 +368,10 @@ def ensure_cursors(using: str, rows: Sequence[Any]) -> int:
         if handler is not None and handler.ordering is not None:
             keys.add((row.source, row.key))
     if keys:
+        # In (source, key) order, the order every batch locks cursors in: inside a
+        # transaction (inbox_consume) the new rows' index locks never form a cycle.
         InboxCursor.objects.using(using).bulk_create(
-            [InboxCursor(source=source, key=key, last_sequence=0) for source, key in keys],
+            [InboxCursor(source=source, key=key, last_sequence=0) for source, key in sorted(keys)],
             ignore_conflicts=True,
         )
     return len(keys)

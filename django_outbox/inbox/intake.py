@@ -8,6 +8,14 @@ content type, a sequence that is not a number) is not dropped: it is stored
 as ``handle_error`` with its raw body and the reason, so an operator sees
 it, and the consumer acknowledges it. The webhook view refuses such
 requests instead (the sender gets a 4xx and can fix them).
+
+The values of such a message are kept escaped (control characters as
+``\\xNN``), so that every database stores them: PostgreSQL refuses a NUL in
+any text. If the database still refuses a batch (a value no check here
+foresaw), the messages are stored one by one, and the one refused is kept as
+unreadable with the database's error. Only a message refused even in that
+form is left out (``Unstorable``); its consumer logs it at ERROR with its
+body's hash and gives it up rather than retry it forever.
 """
 
 from __future__ import annotations
@@ -19,13 +27,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import router
+from django.db import DataError, IntegrityError, router, transaction
 
 from django_outbox.conf import Source
 from django_outbox.engine import clock
 from django_outbox.exceptions import InvalidMessage
 from django_outbox.inbox.api import prepare, receive, receive_many
 from django_outbox.inbox.models import InboxMessage, InboxState
+from django_outbox.validation import escape_control, storable
 from django_outbox.wire import (
     HEADER_CORRELATION_ID,
     HEADER_KEY,
@@ -41,9 +50,33 @@ logger = logging.getLogger("django_outbox.inbox")
 #: Content types read as JSON (a missing content type is read as JSON too).
 JSON_TYPES = ("application/json", "text/plain", "application/x-json")
 
+#: What a database raises when it refuses the values of a message (a NUL, a number out
+#: of range, a constraint; the driver's encoding errors are ValueErrors), as opposed to
+#: being unreachable or misconfigured: the message stored another way may succeed,
+#: retrying it as it is never will.
+REFUSED = (DataError, IntegrityError, ValueError)
+
 
 class Unreadable(Exception):
     """An arrival that cannot become a message; the text says why."""
+
+
+class Unstorable(Exception):
+    """An arrival the database refused even as unreadable; the text names it (source, id,
+    the body's SHA-256) and the database's error."""
+
+    def __init__(self, arrival: Arrival, error: BaseException) -> None:
+        digest = hashlib.sha256(arrival.body).hexdigest()
+        message_id = (
+            lower_keys(arrival.headers).get(arrival.source.header("message_id", HEADER_MESSAGE_ID))
+            or arrival.transport_id
+        )
+        super().__init__(
+            f"message {escape_control(str(message_id or '(no id)'))[:255]} from "
+            f"{arrival.source.name} (body sha256:{digest}, {len(arrival.body)} bytes) could "
+            f"not be stored, not even as unreadable: {_error_text(error)}"
+        )
+        self.arrival = arrival
 
 
 @dataclass(frozen=True)
@@ -94,6 +127,8 @@ def parse(arrival: Arrival) -> Parsed:
         payload = json.loads(arrival.body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise Unreadable(f"body is not UTF-8 JSON: {exc}") from exc
+    except RecursionError:
+        raise Unreadable("body is JSON nested too deeply to read") from None
     key = headers.get(source.header("key", HEADER_KEY)) or None
     raw_sequence = headers.get(source.header("sequence", HEADER_SEQUENCE))
     sequence = None
@@ -118,8 +153,22 @@ def parse(arrival: Arrival) -> Parsed:
 def store(
     arrival: Arrival, *, using: str | None = None, trigger: bool = True
 ) -> tuple[InboxMessage, bool]:
-    """``receive()`` *arrival*, or store it as ``handle_error`` with its raw body and the
-    reason if it cannot be read. Returns ``(row, created)`` like ``receive()``."""
+    """Store *arrival* in a transaction of its own: ``receive()`` it, or keep it as
+    ``handle_error`` with its raw body and the reason if it cannot be read or the
+    database refuses its values. Returns ``(row, created)`` like ``receive()``.
+
+    Raises ``Unstorable`` if the database refuses it even as unreadable, and the
+    database's other errors (unreachable, deadlocked): nothing is stored then.
+    """
+    using = using or router.db_for_write(InboxMessage)
+    try:
+        with transaction.atomic(using=using):
+            return _store_one(arrival, using=using, trigger=trigger)
+    except REFUSED as exc:
+        return _keep_refused(arrival, exc, using=using)
+
+
+def _store_one(arrival: Arrival, *, using: str, trigger: bool) -> tuple[InboxMessage, bool]:
     try:
         parsed = parse(arrival)
         return receive(
@@ -138,33 +187,54 @@ def store(
         return store_unreadable(arrival, str(exc), using=using)
 
 
+def _keep_refused(
+    arrival: Arrival, error: BaseException, *, using: str
+) -> tuple[InboxMessage, bool]:
+    """Keep an arrival whose values the database refused as unreadable, with the
+    database's error, in a transaction (or savepoint) of its own."""
+    try:
+        with transaction.atomic(using=using):
+            return store_unreadable(arrival, f"cannot be stored: {_error_text(error)}", using=using)
+    except REFUSED as exc:
+        raise Unstorable(arrival, exc) from exc
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".strip()
+
+
 def store_unreadable(
     arrival: Arrival, reason: str, *, using: str | None = None
 ) -> tuple[InboxMessage, bool]:
     """Keep an unreadable arrival as ``handle_error`` (once: the same bytes redelivered
-    find the same row)."""
+    find the same row). Its id, type and headers are kept with control characters
+    escaped, its body as text with undecodable bytes and NULs escaped."""
     source = arrival.source
     headers = lower_keys(arrival.headers)
-    message_id = (
+    message_id = escape_control(
         headers.get(source.header("message_id", HEADER_MESSAGE_ID))
         or arrival.transport_id
         or "sha256:" + hashlib.sha256(arrival.body).hexdigest()
     )[:255]
     kept = arrival.body[: source.max_body_bytes]
-    raw = kept.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
+    raw = storable(kept.decode("utf-8", "backslashreplace"))
     if len(kept) < len(arrival.body):
         raw += f"\n[… {len(arrival.body) - len(kept)} more bytes not kept]"
+    message_type = headers.get(source.header("type", HEADER_TYPE)) or "unreadable"
     using = using or router.db_for_write(InboxMessage)
     message, created = InboxMessage.objects.using(using).get_or_create(
         source=source.name,
         message_id=message_id,
         defaults={
-            "type": (headers.get(source.header("type", HEADER_TYPE)) or "unreadable")[:255],
+            "type": escape_control(message_type)[:255],
             "payload": None,
-            "headers": {k: v[:1000] for k, v in list(headers.items())[:50]},
+            "headers": {
+                escape_control(k)[:255]: escape_control(v)[:1000]
+                for k, v in list(headers.items())[:50]
+            },
             "state": InboxState.HANDLE_ERROR,
             "raw_body": raw,
-            "last_error": f"unreadable: {reason}"[:4000],
+            "last_error": storable(f"unreadable: {reason}")[:4000],
             "created_at": clock.now(),
             "available_at": clock.now(),
         },
@@ -174,7 +244,7 @@ def store_unreadable(
             "unreadable message from %s kept as handle_error (id %s): %s",
             source.name,
             message_id,
-            reason,
+            storable(reason),
         )
         message.refresh_from_db()
     return message, created
@@ -182,12 +252,14 @@ def store_unreadable(
 
 @dataclass
 class Stored:
-    """What ``store_many`` did with a batch."""
+    """What ``store_many`` or ``store_each`` did with a batch."""
 
     #: The new messages (to handle).
     rows: list[InboxMessage] = field(default_factory=list)
     duplicates: int = 0
     unreadable: int = 0
+    #: Arrivals refused even as unreadable, by their position in the batch.
+    refused: dict[int, Unstorable] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[int]:
@@ -196,7 +268,12 @@ class Stored:
 
 def store_many(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stored:
     """Store a batch of arrivals (``inbox_consume``): readable ones in one multi-row
-    INSERT where the database allows, unreadable ones kept one by one. No triggers."""
+    INSERT where the database allows, unreadable ones kept one by one. No triggers.
+
+    Raises what the database raises; one of ``REFUSED`` means it refused a value of
+    the batch, and the caller's transaction must be rolled back: ``store_each`` then
+    stores the batch without the message at fault holding back the others.
+    """
     stored = Stored()
     prepared = []
     for arrival in arrivals:
@@ -222,4 +299,29 @@ def store_many(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stor
                 stored.duplicates += 1
     stored.rows, duplicates = receive_many(prepared, using=using)
     stored.duplicates += duplicates
+    return stored
+
+
+def store_each(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stored:
+    """Store a batch the database refused, one arrival at a time, each in a savepoint:
+    a refused arrival is kept as unreadable with the database's error, and one refused
+    even so is left out (``Stored.refused``). Costs two more round trips a message."""
+    using = using or router.db_for_write(InboxMessage)
+    stored = Stored()
+    for position, arrival in enumerate(arrivals):
+        try:
+            with transaction.atomic(using=using):
+                one = store_many([arrival], using=using)
+        except REFUSED as exc:
+            try:
+                _, created = _keep_refused(arrival, exc, using=using)
+            except Unstorable as unstorable:
+                stored.refused[position] = unstorable
+                continue
+            stored.unreadable += created
+            stored.duplicates += not created
+            continue
+        stored.rows += one.rows
+        stored.duplicates += one.duplicates
+        stored.unreadable += one.unreadable
     return stored

@@ -14,16 +14,25 @@ is the inbox's retention, and the admin shows what ran. The task body runs
 inside that transaction: if it raises, the record is rolled back with its
 effects and a retry runs it again. Tasks called without a task id (directly,
 as a function) run every time.
+
+With ``requeue_on_database_error=True`` (an option of the decorator), a task
+that cannot reach its database gives its delivery back to the broker
+(``give_back_on_database_error``) instead of failing: with ``acks_late``,
+Celery acknowledges a task that raised, and the delivery would be lost.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from celery import Task, shared_task
-from django.db import IntegrityError, router, transaction
+from celery.exceptions import Reject
+from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
 
 from django_outbox.engine import clock
 from django_outbox.inbox.models import InboxMessage, InboxState
@@ -33,19 +42,58 @@ logger = logging.getLogger("django_outbox.inbox")
 #: The inbox source of task records.
 TASK_SOURCE = "celery-task"
 
+#: Seconds a task waits before it gives a delivery back because the database failed:
+#: the broker hands the delivery straight back, and the pause keeps a worker from
+#: spinning on it while the database is away.
+GIVE_BACK_PAUSE_SECONDS = 1.0
+
+
+@contextmanager
+def give_back_on_database_error(what: str) -> Iterator[None]:
+    """Turn a database error raised inside into ``Reject(requeue=True)``, after a pause:
+    the broker keeps the delivery and gives it out again. For ``acks_late`` tasks that
+    must not lose their message, since Celery acknowledges a task that raised
+    (``task_acks_on_failure_or_timeout``, on by default).
+
+    Not for ``DataError`` and ``IntegrityError``: those say the message's values are
+    refused, and would be refused again on every delivery.
+    """
+    try:
+        yield
+    except DatabaseError as exc:
+        if isinstance(exc, (DataError, IntegrityError)):
+            raise
+        logger.warning(
+            "%s failed (%s: %s); the delivery goes back to the queue",
+            what,
+            type(exc).__name__,
+            str(exc).strip(),
+        )
+        connections.close_all()
+        time.sleep(GIVE_BACK_PAUSE_SECONDS)
+        raise Reject(exc, requeue=True) from exc
+
 
 class IdempotentTask(Task):  # type: ignore[type-arg]
     """A Celery task base class: one run per task id, in one transaction with its record."""
 
     #: The database of the record (and of the transaction around the task body).
     using: str | None = None
+    #: Give the delivery back to the broker when the database fails (for ``acks_late``).
+    requeue_on_database_error: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         task_id = getattr(self.request, "id", None)
         if not task_id:
             return super().__call__(*args, **kwargs)
         using = self.using or router.db_for_write(InboxMessage)
-        with transaction.atomic(using=using):
+        # The give-back wraps the transaction: it acts once everything is rolled back.
+        give_back = (
+            give_back_on_database_error(f"task {self.name}[{task_id}]")
+            if self.requeue_on_database_error
+            else nullcontext()
+        )
+        with give_back, transaction.atomic(using=using):
             if not record_once(self.name, task_id, args, kwargs, using=using):
                 logger.info("task %s[%s] already ran: this run does nothing", self.name, task_id)
                 return None

@@ -416,3 +416,21 @@ def test_receive_many_returns_the_new_rows_as_stored():
     assert new[2].payload == {"n": 3, "amount": "1.50", "nested": [1, {"a": None}]}
     assert new[2].correlation_id == "c3"
     assert InboxMessage.objects.count() == 4
+
+
+def test_a_handler_error_with_a_nul_is_recorded_escaped():
+    """PostgreSQL cannot store a NUL: recording the failure must not fail the batch."""
+
+    @handler("binary.thing")
+    def binary(message):
+        raise ValueError("device answered b'\x00\x01'")
+
+    try:
+        message, _ = receive("binary.thing", {})
+        assert Inbox().drain().failed == 1
+        message.refresh_from_db()
+        assert message.state == InboxState.HANDLE_ERROR
+        assert message.last_error == "ValueError: device answered b'\\x00\x01'"
+        assert "\x00" not in message.traceback and "\\x00" in message.traceback
+    finally:
+        unregister("binary.thing")

@@ -42,6 +42,9 @@ def destinations(value):
     return {"OUTBOX": {"DESTINATIONS": value}}
 
 
+KOMBU_SOURCE = {"TRANSPORT": "kombu", "URL": "amqp://rabbit//", "QUEUE": "in"}
+
+
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
@@ -68,6 +71,14 @@ def destinations(value):
         (
             {"INBOX": {"SOURCES": {"s": {"TRANSPORT": "webhook", "SECRET": "x", "ACCEPT_V1": 1}}}},
             "['SOURCES']['s']['ACCEPT_V1'] must be True or False",
+        ),
+        (
+            {"INBOX": {"SOURCES": {"s": {**KOMBU_SOURCE, "HEARTBEAT": "60"}}}},
+            "['SOURCES']['s']['HEARTBEAT'] must be a number",
+        ),
+        (
+            {"INBOX": {"SOURCES": {"s": {**KOMBU_SOURCE, "HEARTBEAT": -1}}}},
+            "['HEARTBEAT'] must be >= 0",
         ),
     ],
 )

@@ -10,18 +10,35 @@ handles it in the same worker.
 
 The source is the ``celery`` source whose ``QUEUE`` is the queue the task came
 from, else the only ``celery`` source configured, else one called ``celery``.
+
+The task is acknowledged only after it ran (``acks_late``), and a delivery
+whose worker process died under it goes back to the queue
+(``reject_on_worker_lost``): a worker killed before the store commits gets
+the message again, and one killed after it finds it stored. A database that
+cannot be reached gives the delivery back too, after a pause (Celery would
+otherwise acknowledge the failed task). A redelivered message that is stored
+but not yet handled (its worker died inside the handler) is not handled again
+inline, where a message that kills its worker would loop at once: its trigger
+is sent as ``DISPATCH`` says, and the sweep is the backstop.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from celery import Task, shared_task
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.conf import Source, get_settings
-from django_outbox.inbox.intake import Arrival, store
+from django_outbox.engine import heartbeat, triggers
+from django_outbox.engine.retry import retry_transient
+from django_outbox.inbox.intake import Arrival, Unstorable, store
+from django_outbox.inbox.models import InboxState
+from django_outbox.inbox.tasks import give_back_on_database_error
+
+logger = logging.getLogger("django_outbox.inbox")
 
 
 def source_for(queue: str | None) -> Source:
@@ -35,12 +52,21 @@ def source_for(queue: str | None) -> Source:
     return Source(name="celery", transport="celery")
 
 
-@shared_task(name="django_outbox.receive", bind=True, ignore_result=True)
+@shared_task(
+    name="django_outbox.receive",
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
 def receive_task(self: Task, payload: Any, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
     """Store the delivered message in the inbox, then handle what is due."""
     from django_outbox.inbox.handling import Inbox
 
     request = self.request
+    # Its claims carry this process's id: if it dies mid-handler, they come back in
+    # seconds.
+    heartbeat.start_for_task(request)
     headers = {
         name: getattr(request, name)
         for name in dir(request)
@@ -53,7 +79,21 @@ def receive_task(self: Task, payload: Any, using: str = DEFAULT_DB_ALIAS) -> dic
         headers=headers,
         transport_id=request.id,
     )
-    with transaction.atomic(using=using):
-        message, created = store(arrival, using=using, trigger=False)
-    handled = Inbox(using=using).deliver([message.pk]).done if created else 0
+    try:
+        with give_back_on_database_error(f"storing message {request.id} from {queue}"):
+            message, created = retry_transient(
+                lambda: store(arrival, using=using, trigger=False),
+                what=f"storing a message from {arrival.source.name}",
+                reconnect=using,
+            )
+    except Unstorable as exc:
+        logger.error("%s; acknowledged", exc)
+        return {"message_id": request.id, "created": False, "handled": 0}
+    handled = 0
+    if created:
+        handled = Inbox(using=using).deliver([message.pk]).done
+    elif message.state == InboxState.SHOULD_BE_HANDLED:
+        # Stored by a delivery whose worker died before handling it: wake the
+        # handlers rather than handle it here (see the module's docstring).
+        triggers.dispatch("inbox", using, [message.pk])
     return {"message_id": message.message_id, "created": created, "handled": handled}

@@ -1,8 +1,19 @@
+"""``manage.py inbox_consume``: one thread per kombu source; the process lives exactly as
+long as every source can consume.
+
+Exit status: 0 when stopped (SIGTERM, SIGINT, ``--until-idle``); 1 when a source
+cannot go on (its broker unreachable for ``--max-outage`` seconds, a refusal
+reconnecting cannot fix, an unexpected error), after the other sources have
+finished their batches in hand, so that a supervisor restarts it.
+"""
+
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +24,7 @@ from django_outbox.conf import Source, get_settings
 from django_outbox.engine import heartbeat
 from django_outbox.engine.loop import WorkerLoop
 from django_outbox.inbox.consumers.kombu import ConsumeResult, KombuConsumer
+from django_outbox.inbox.consumers.outage import SourceUnavailable
 from django_outbox.inbox.handling import Inbox
 from django_outbox.management.commands._args import non_negative_float, positive_int
 from django_outbox.outbox.transports.local import local_sources
@@ -36,6 +48,12 @@ def _listing(
     return ", ".join(
         f"{name} ({kind})" for name, kind in sorted(kinds.items()) if name not in leave_out
     )
+
+
+logger = logging.getLogger("django_outbox.inbox")
+
+#: Seconds the other sources get to finish their batches once one source failed.
+STOP_GRACE_SECONDS = 30.0
 
 
 class Command(BaseCommand):
@@ -72,6 +90,14 @@ class Command(BaseCommand):
             type=non_negative_float,
             default=None,
             help="Exit once no message came for this many seconds.",
+        )
+        parser.add_argument(
+            "--max-outage",
+            type=non_negative_float,
+            default=300.0,
+            help="Seconds a source keeps trying to reach its broker before the command "
+            "gives up and exits with status 1 (default 300; 0: at the first failure; "
+            "'inf': never).",
         )
         parser.add_argument("--json", action="store_true", help="Print the summary as JSON.")
 
@@ -116,6 +142,7 @@ class Command(BaseCommand):
                     batch_size=options["batch"],
                     batch_seconds=options["batch_seconds"],
                     handle=not options["no_handle"],
+                    max_outage=options["max_outage"],
                 )
             )
 
@@ -139,17 +166,37 @@ class Command(BaseCommand):
         # worker's heartbeat gives them back within seconds, not after their lease.
         heartbeat.start("inbox", options["database"])
         try:
+            failures: list[tuple[KombuConsumer, BaseException]] = []
+
+            def consume(consumer: KombuConsumer) -> None:
+                try:
+                    consumer.run(until_idle=options["until_idle"])
+                except BaseException as exc:
+                    # One source down stops them all: the process must not live on
+                    # without it, silently.
+                    failures.append((consumer, exc))
+                    stop()
+
             threads = [
                 threading.Thread(
-                    target=consumer.run, kwargs={"until_idle": options["until_idle"]}, daemon=True
+                    target=consume,
+                    args=(consumer,),
+                    name=f"inbox_consume {consumer.source.name}",
+                    daemon=True,
                 )
-                for consumer in consumers[1:]
+                for consumer in consumers
             ]
             for thread in threads:
                 thread.start()
-            consumers[0].run(until_idle=options["until_idle"])
             for thread in threads:
-                thread.join()
+                # A join with a timeout lets the signal handlers run meanwhile.
+                while thread.is_alive() and not failures:
+                    thread.join(0.5)
+            if failures:
+                deadline = time.monotonic() + STOP_GRACE_SECONDS
+                for thread in threads:
+                    thread.join(max(0.0, deadline - time.monotonic()))
+                raise CommandError(self._failure(*failures[0]))
         finally:
             heartbeat.stop()
         total = ConsumeResult()
@@ -184,3 +231,12 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(total.as_dict(), sort_keys=True))
         elif options["verbosity"] >= 1:
             self.stdout.write(f"inbox_consume stopped: {total.handled} handled")
+
+    def _failure(self, consumer: KombuConsumer, exc: BaseException) -> str:
+        """The one line the command ends with when *consumer* failed."""
+        if isinstance(exc, SourceUnavailable):
+            return str(exc)
+        # Not the broker's doing (a bug, the database refusing everything): the
+        # traceback is needed to fix it.
+        logger.error("inbox source %r stopped", consumer.source.name, exc_info=exc)
+        return f"inbox source {consumer.source.name!r} stopped: {type(exc).__name__}: {exc}"
