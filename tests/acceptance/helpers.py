@@ -6,14 +6,17 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
 
 from django_outbox.outbox.models import OutboxMessage
+from tests.conftest import ROOT, subprocess_env
 
 
 def wait_for(
@@ -55,6 +58,14 @@ def read_as_it_comes(process: subprocess.Popen[str]) -> subprocess.Popen[str]:
     return process
 
 
+def start_command(*args: str, **env: str) -> subprocess.Popen[str]:
+    """``manage.py *args`` in a child process sharing this test's database and
+    settings (plus *env*), its output read as it comes."""
+    from tests.conftest import spawn_manage
+
+    return read_as_it_comes(spawn_manage(*args, env=subprocess_env(**env)))
+
+
 def finish(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 20) -> str:
     """Signal a process started with ``read_as_it_comes``, wait, return its output."""
     if process.poll() is None:
@@ -77,3 +88,52 @@ def state_counts() -> dict[str, int]:
     for state in OutboxMessage.objects.values_list("state", flat=True):
         counts[state] = counts.get(state, 0) + 1
     return counts
+
+
+class CeleryWorker:
+    """A Celery prefork worker (*concurrency* child processes, one by default) of the
+    test project on *queue*, its output read as it comes."""
+
+    def __init__(self, queue: str, concurrency: int = 1, **env: str) -> None:
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "celery", "-A", "testproject", "worker"),
+                *("--pool=prefork", "--concurrency", str(concurrency), "-Q", queue, "-l", "INFO"),
+                *("--without-heartbeat", "--without-gossip", "--without-mingle"),
+            ],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def output(self):
+        return "\n".join(self.lines)
+
+    def said(self, text):
+        return any(text in line for line in self.lines)
+
+    def children(self):
+        """The pool's child processes (Linux: /proc/<pid>/task/<tid>/children)."""
+        pids = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            pids += [int(pid) for pid in (task / "children").read_text().split()]
+        return pids
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(timeout=10)

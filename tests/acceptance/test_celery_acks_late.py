@@ -11,11 +11,7 @@ waits for it; PostgreSQL's ``pg_blocking_pids`` says when it does.
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -27,8 +23,8 @@ from django_outbox.jobs.models import Job
 from django_outbox.models import InboxMessage, InboxState
 from testproject.shop.models import Payment
 from tests import conftest
+from tests.acceptance.helpers import CeleryWorker as Worker
 from tests.acceptance.helpers import wait_for
-from tests.conftest import ROOT, subprocess_env
 from tests.proxy import TcpProxy
 
 pytestmark = [
@@ -37,54 +33,6 @@ pytestmark = [
     pytest.mark.redis,
     pytest.mark.processes,
 ]
-
-
-class Worker:
-    """A Celery prefork worker with one child process, its output read as it comes."""
-
-    def __init__(self, queue, **env):
-        self.process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "testproject", "worker"),
-                *("--pool=prefork", "--concurrency", "1", "-Q", queue, "-l", "INFO"),
-                *("--without-heartbeat", "--without-gossip", "--without-mingle"),
-            ],
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def output(self):
-        return "\n".join(self.lines)
-
-    def said(self, text):
-        return any(text in line for line in self.lines)
-
-    def children(self):
-        """The pool's child processes (Linux: /proc/<pid>/task/<tid>/children)."""
-        pids = []
-        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
-            pids += [int(pid) for pid in (task / "children").read_text().split()]
-        return pids
-
-    def stop(self):
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.reader.join(timeout=10)
 
 
 @pytest.fixture
