@@ -15,6 +15,7 @@ not finished: our ``job_failed`` signal reports it, with ``will_retry=True``).
 """
 
 import logging
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -161,6 +162,33 @@ def test_task_finished_is_sent_for_a_failure_the_worker_records_itself(task):
     assert finished.id == result.id
     assert finished.status == compat.TaskResultStatus.FAILED
     assert len(finished.errors) == 1
+
+
+def test_task_finished_is_sent_when_a_rescue_ends_a_job_whose_worker_died():
+    """The last attempt's worker died (its lease ran out mid-attempt): the sweep records
+    the attempt as ``WorkerLost``, the job is FAILED, and that is its finish."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_outbox.jobs.maintenance import sweep
+
+    result = tasks.nothing.enqueue()
+    Job.objects.filter(result_id=result.id).update(
+        state="RUNNING",
+        attempts=3,
+        attempt_open=True,
+        lock_token=uuid.uuid4(),
+        locked_until=timezone.now() - timedelta(seconds=1),
+    )
+    with received("task_finished", sender=JobsBackend) as seen:
+        sweep()
+    [(_, _, finished)] = seen
+    assert finished.id == result.id
+    assert finished.status == compat.TaskResultStatus.FAILED
+    assert finished.finished_at is not None
+    assert [e.exception_class_path for e in finished.errors] == ["django_outbox.jobs.WorkerLost"]
+    assert finished == tasks.nothing.get_result(result.id)
 
 
 def test_the_signals_of_one_job_come_in_order():
