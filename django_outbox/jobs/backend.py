@@ -374,7 +374,7 @@ def check_json(
 def check_return_value(value: Any, task_path: str) -> None:
     """Raise ``JobReturnValueError`` if the return value of the job of *task_path* cannot
     be stored as JSON (the job's error then says why, and that it is not retried)."""
-    problem = json_problem(value, "value")
+    problem = json_problem(value, "value", hint=False)
     if problem is not None:
         raise JobReturnValueError(
             f"the return value of {task_path}: {problem}. The job is FAILED and not "
@@ -394,19 +394,22 @@ _HINTS: dict[type, str] = {
 }
 
 
-def json_problem(value: Any, path: str) -> str | None:
+def json_problem(value: Any, path: str, *, hint: bool = True) -> str | None:
     """Why *value* would not come back from JSON as it went in, naming the part of it at
-    *path* that would not; ``None`` if it would (tuples come back as lists, as Django's
-    Tasks API normalises them)."""
+    *path* that would not, and (with *hint*) what to pass instead; ``None`` if it would
+    (tuples come back as lists, as Django's Tasks API normalises them)."""
     if value is None or isinstance(value, str | bool | int):
         return None
     if isinstance(value, float):
         if math.isfinite(value):
             return None
-        return f"{path} is {value!r}, which JSON cannot hold (Unsupported value)"
+        return (
+            f"{path} is {value!r}, which JSON cannot hold (it has no NaN or infinity, "
+            "and the database would refuse it)" + ("; pass None or a string" if hint else "")
+        )
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            problem = json_problem(item, f"{path}[{index}]")
+            problem = json_problem(item, f"{path}[{index}]", hint=hint)
             if problem is not None:
                 return problem
         return None
@@ -414,26 +417,25 @@ def json_problem(value: Any, path: str) -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return _key_problem(key, path)
-            problem = json_problem(item, f"{path}[{key!r}]")
+            problem = json_problem(item, f"{path}[{key!r}]", hint=hint)
             if problem is not None:
                 return problem
         return None
     kind = type(value)
     if isinstance(value, bytes | bytearray):
         return (
-            f"{path} is bytes (Unsupported type: {kind!r} here). Django's Tasks API would "
-            "decode UTF-8 bytes to str, so the task would be given a str instead, and "
-            "bytes that are not UTF-8 would fail only on the day they occur; pass "
-            "value.decode() for text, or base64 for binary data, and convert it back in "
-            "the task"
+            f"{path} is bytes, refused here (Unsupported type: {kind!r}): Django's Tasks "
+            "API would decode UTF-8 bytes to str, so a str would come back instead, and "
+            "bytes that are not UTF-8 would fail only on the day they occur"
+            + ("; pass value.decode() for text, or base64 for binary data" if hint else "")
         )
-    hint = next(
-        (hint for base, hint in _HINTS.items() if isinstance(value, base)),
+    advice = next(
+        (advice for base, advice in _HINTS.items() if isinstance(value, base)),
         "pass plain JSON values (str, int, float, bool, None, list, dict with str keys)",
     )
     return (
         f"{path} is a {kind.__module__}.{kind.__qualname__}, which is not JSON "
-        f"(Unsupported type: {kind!r}): jobs are stored as JSON; {hint}"
+        f"(Unsupported type: {kind!r}): jobs are stored as JSON" + (f"; {advice}" if hint else "")
     )
 
 
@@ -443,9 +445,9 @@ def _key_problem(key: Any, path: str) -> str:
     except TypeError:
         return f"{path} has the key {key!r}, which JSON cannot hold; use string keys"
     return (
-        f"{path} has the key {key!r}, which would come back from JSON as {stored!r}: the "
-        "task would not find it under the key it was given (Django's Tasks API keeps it "
-        f"as it is, and only a stored job would see {stored!r}); use string keys"
+        f"{path} has the key {key!r}, which would come back from JSON as {stored!r}: it "
+        "would not be found under the key it was given (Django's Tasks API keeps it as "
+        f"it is, and only a stored job would see {stored!r}); use string keys"
     )
 
 
