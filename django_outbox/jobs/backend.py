@@ -224,7 +224,10 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
         else:
             existing, (pk, enqueued_at) = _insert_unique(db, row)
             if existing is not None:
-                return to_result(existing, task=task, backend=self.alias)
+                # That job's result: its priority, queue and run_after, not this call's.
+                return to_result(
+                    existing, task=as_enqueued(task, existing, self.alias), backend=self.alias
+                )
         if "batch_id" in row:
             from django_outbox.jobs import batches
 

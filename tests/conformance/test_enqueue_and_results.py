@@ -77,6 +77,17 @@ def test_enqueue_on_another_alias_records_that_alias():
     assert result.backend == "other"
 
 
+def test_a_unique_key_returns_the_job_already_there_as_it_was_enqueued():
+    """Ours: while a job with the key is READY or RUNNING, enqueue returns its result
+    (its id, priority and ``run_after``), not a new job."""
+    at = timezone.now() + timedelta(hours=1)
+    first = tasks.nothing.using(unique_key="one", priority=5, run_after=at).enqueue(1)
+    again = tasks.nothing.using(unique_key="one", priority=1).enqueue(2)
+    assert again.id == first.id
+    assert (again.task.priority, again.task.run_after, again.args) == (5, at, [1])
+    assert Job.objects.count() == 1
+
+
 # -- arguments --------------------------------------------------------------------
 
 
