@@ -10,9 +10,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from django_outbox.jobs.backend import JobArgumentsError, JobsBackend, JobTask
+    from django_outbox.jobs.backend import (
+        JobArgumentsError,
+        JobReturnValueError,
+        JobsBackend,
+        JobTask,
+        WorkerLost,
+    )
 
-__all__ = ["JobArgumentsError", "JobTask", "JobsBackend", "batch", "cancel_requested"]
+__all__ = [
+    "JobArgumentsError",
+    "JobReturnValueError",
+    "JobTask",
+    "JobsBackend",
+    "WorkerLost",
+    "batch",
+    "cancel_requested",
+]
 
 
 def cancel_requested(result_id: Any, *, using: str | None = None) -> bool:
@@ -36,7 +50,8 @@ def batch(on_finish: Any = None, *, using: str | None = None, **kwargs: Any) -> 
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("JobsBackend", "JobTask", "JobArgumentsError"):
+    if name in ("JobsBackend", "JobTask", "JobArgumentsError", "JobReturnValueError", "WorkerLost"):
+        # WorkerLost: the class behind the exception_class_path its errors record.
         from django_outbox.jobs import backend
 
         return getattr(backend, name)

@@ -19,11 +19,11 @@ import json
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import date, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, router, transaction
-from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_outbox.conf import get_settings
@@ -37,12 +37,25 @@ if TYPE_CHECKING:
 
 #: Longest unique key (the column's size).
 MAX_UNIQUE_KEY_LENGTH = 255
+#: Tasks a backend remembers as validated (the set is emptied when full).
+MAX_VALIDATED = 1024
 
 UniqueKey = str | Callable[..., str] | None
 
 
 class JobArgumentsError(OutboxError, TypeError):
-    """A job's arguments cannot be stored as JSON and read back unchanged."""
+    """A job's arguments cannot be stored as JSON and read back unchanged (Django's Tasks
+    API raises a ``TypeError`` too, "Unsupported type"); nothing was stored."""
+
+
+class JobReturnValueError(OutboxError, TypeError):
+    """Recorded (as the attempt's error) for a job whose return value cannot be stored
+    as JSON: the job ended FAILED without a retry, since its work was done."""
+
+
+class WorkerLost(OutboxError):
+    """Recorded, never raised: the attempt's worker died before it could record how the
+    attempt ended (killed, out of memory, its machine gone)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,8 +165,11 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
         """Store the job in the current transaction (or its own); it runs after the
         commit. Raises ``JobArgumentsError`` for arguments that are not plain JSON."""
         if task not in self._validated:
-            # Tasks are immutable: one validation each (it inspects the signature).
+            # Tasks are immutable: one validation each (it inspects the signature). A
+            # variant per call (its own run_after or key) would grow the set for ever.
             self.validate_task(task)
+            if len(self._validated) >= MAX_VALIDATED:
+                self._validated.clear()
             self._validated.add(task)
         args = list(args)
         kwargs = dict(kwargs)
@@ -178,7 +194,7 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
 
         db = self.database or router.db_for_write(Job)
         if task.run_after is not None:
-            row["available_at"] = task.run_after
+            row["available_at"] = row["run_after"] = task.run_after
         from django_outbox.jobs import batches
 
         opened = batches.current()
@@ -208,7 +224,10 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
         else:
             existing, (pk, enqueued_at) = _insert_unique(db, row)
             if existing is not None:
-                return to_result(existing, task=task, backend=self.alias)
+                # That job's result: its priority, queue and run_after, not this call's.
+                return to_result(
+                    existing, task=as_enqueued(task, existing, self.alias), backend=self.alias
+                )
         if "batch_id" in row:
             from django_outbox.jobs import batches
 
@@ -261,7 +280,10 @@ def _insert(db: str, row: dict[str, Any]) -> tuple[Any, datetime]:
         if "available_at" not in row:
             job.available_at = clock.now()
         job.save(force_insert=True, using=db)
-        return job.pk, timezone.now()  # the stamps are the database's; close enough here
+        # The stamp is the database's (an expression until read back): one more query,
+        # on the databases that cannot return it from the INSERT (MySQL).
+        stamp = Job.objects.using(db).filter(pk=job.pk).values_list("created_at", flat=True)
+        return job.pk, stamp.get()
     varying = _VARYING + tuple(name for name in _OPTIONAL if row.get(name) is not None)
     clock_fields = ("created_at",) if "available_at" in row else ("created_at", "available_at")
     statement = fast_insert(connection, Job, varying=varying, clock_fields=clock_fields)
@@ -309,9 +331,17 @@ _VARYING = (
     "kwargs",
     "max_attempts",
 )
-#: Fields an enqueue sets only sometimes (``run_after``, keys, a serial key's place,
-#: a batch); left out of the statement (NULL) when they are not set.
-_OPTIONAL = ("available_at", "unique_key", "serial_key", "sequence", "blocked", "batch_id")
+#: Fields an enqueue sets only sometimes (``run_after`` and the due time it sets, keys,
+#: a serial key's place, a batch); left out of the statement (NULL) when not set.
+_OPTIONAL = (
+    "available_at",
+    "run_after",
+    "unique_key",
+    "serial_key",
+    "sequence",
+    "blocked",
+    "batch_id",
+)
 
 
 def key_of(task: JobTask, name: str, args: list[Any], kwargs: dict[str, Any]) -> str | None:
@@ -333,42 +363,104 @@ def key_of(task: JobTask, name: str, args: list[Any], kwargs: dict[str, Any]) ->
     return key
 
 
-def check_json(value: Any, what: str, path: str) -> None:
-    """Raise ``JobArgumentsError`` naming the first part of *value* that would not come
-    back from JSON as it went in (a datetime, a Decimal, a set, a non-string key…)."""
+def check_json(
+    value: Any, what: str, path: str, *, error: type[Exception] = JobArgumentsError
+) -> None:
+    """Raise *error* (default ``JobArgumentsError``) naming the first part of *value* that
+    would not come back from JSON as it went in (a datetime, a Decimal, a set, bytes, a
+    non-string key…), why, and what to pass instead."""
+    problem = json_problem(value, path)
+    if problem is not None:
+        raise error(f"{what}: {problem}")
+
+
+def check_return_value(value: Any, task_path: str) -> None:
+    """Raise ``JobReturnValueError`` if the return value of the job of *task_path* cannot
+    be stored as JSON (the job's error then says why, and that it is not retried)."""
+    problem = json_problem(value, "value", hint=False)
+    if problem is not None:
+        raise JobReturnValueError(
+            f"the return value of {task_path}: {problem}. The job is FAILED and not "
+            "retried: it ran, and running it again would repeat what it did. Return plain "
+            "JSON (str, int, float, bool, None, lists, dicts with string keys)"
+        )
+
+
+#: What to pass instead of common values that are not JSON.
+_HINTS: dict[type, str] = {
+    datetime: "pass .isoformat() and parse it in the task",
+    date: "pass .isoformat() and parse it in the task",
+    Decimal: "pass str(value) and make a Decimal of it in the task",
+    uuid.UUID: "pass str(value)",
+    set: "pass a sorted list",
+    frozenset: "pass a sorted list",
+}
+
+
+def json_problem(value: Any, path: str, *, hint: bool = True) -> str | None:
+    """Why *value* would not come back from JSON as it went in, naming the part of it at
+    *path* that would not, and (with *hint*) what to pass instead; ``None`` if it would
+    (tuples come back as lists, as Django's Tasks API normalises them)."""
     if value is None or isinstance(value, str | bool | int):
-        return
+        return None
     if isinstance(value, float):
-        if not math.isfinite(value):
-            raise JobArgumentsError(f"{what}: {path} is {value!r}, which JSON cannot hold")
-        return
+        if math.isfinite(value):
+            return None
+        return (
+            f"{path} is {value!r}, which JSON cannot hold (it has no NaN or infinity, "
+            "and the database would refuse it)" + ("; pass None or a string" if hint else "")
+        )
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            check_json(item, what, f"{path}[{index}]")
-        return
+            problem = json_problem(item, f"{path}[{index}]", hint=hint)
+            if problem is not None:
+                return problem
+        return None
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise JobArgumentsError(
-                    f"{what}: {path} has the key {key!r}; JSON object keys are strings"
-                )
-            check_json(item, what, f"{path}[{key!r}]")
-        return
-    hint = {
-        datetime: "pass .isoformat() and parse it in the task",
-        uuid.UUID: "pass str(value)",
-    }.get(type(value), "pass plain JSON values (str, int, float, bool, None, list, dict)")
-    raise JobArgumentsError(
-        f"{what}: {path} is a {type(value).__module__}.{type(value).__qualname__}, "
-        f"which is not JSON; {hint}"
+                return _key_problem(key, path)
+            problem = json_problem(item, f"{path}[{key!r}]", hint=hint)
+            if problem is not None:
+                return problem
+        return None
+    kind = type(value)
+    if isinstance(value, bytes | bytearray):
+        return (
+            f"{path} is bytes, refused here (Unsupported type: {kind!r}): Django's Tasks "
+            "API would decode UTF-8 bytes to str, so a str would come back instead, and "
+            "bytes that are not UTF-8 would fail only on the day they occur"
+            + ("; pass value.decode() for text, or base64 for binary data" if hint else "")
+        )
+    advice = next(
+        (advice for base, advice in _HINTS.items() if isinstance(value, base)),
+        "pass plain JSON values (str, int, float, bool, None, list, dict with str keys)",
+    )
+    return (
+        f"{path} is a {kind.__module__}.{kind.__qualname__}, which is not JSON "
+        f"(Unsupported type: {kind!r}): jobs are stored as JSON" + (f"; {advice}" if hint else "")
+    )
+
+
+def _key_problem(key: Any, path: str) -> str:
+    try:
+        stored = next(iter(json.loads(json.dumps({key: None}))))
+    except TypeError:
+        return f"{path} has the key {key!r}, which JSON cannot hold; use string keys"
+    return (
+        f"{path} has the key {key!r}, which would come back from JSON as {stored!r}: it "
+        "would not be found under the key it was given (Django's Tasks API keeps it as "
+        f"it is, and only a stored job would see {stored!r}); use string keys"
     )
 
 
 def to_result(job: Job, *, task: Any = None, backend: str | None = None) -> Any:
-    """The ``TaskResult`` that *job* is (Django's class; our row behind it)."""
+    """The ``TaskResult`` that *job* is (Django's class; our row behind it), read through
+    the backend alias *backend* (default: the job's own). Its task is *task* if given,
+    otherwise the job's task as it was enqueued (``as_enqueued``)."""
+    alias = backend or job.backend
     if task is None:
-        task = load_task(job.task_path)
-        task = task.using(priority=job.priority, queue_name=job.queue_name)
+        task = as_enqueued(load_task(job.task_path), job, alias)
     errors = [
         compat.TaskError(
             exception_class_path=str(e.get("exception_class_path", "")),
@@ -386,13 +478,41 @@ def to_result(job: Job, *, task: Any = None, backend: str | None = None) -> Any:
         last_attempted_at=job.last_attempted_at,
         args=list(job.args or []),
         kwargs=dict(job.kwargs or {}),
-        backend=backend or job.backend,
+        backend=alias,
         errors=errors,
         worker_ids=[str(w) for w in job.worker_ids or []],
     )
     if job.state == "SUCCESSFUL":
         compat.set_attribute(result, "_return_value", job.return_value)
     return result
+
+
+def as_enqueued(task: Any, job: Job, alias: str) -> Any:
+    """*task* (as its module declares it) as the *job* was enqueued: with the job's
+    priority, queue and ``run_after``, on the backend alias *alias* (``refresh()`` goes
+    through it). Per-call keys are not restored (the job keeps the keys they gave).
+
+    The task was validated when it was enqueued; if this process's ``TASKS`` no longer
+    accepts it (a queue since removed), the result still reads back as it was."""
+    changes = {
+        name: value
+        for name, value in (
+            ("priority", job.priority),
+            ("queue_name", job.queue_name),
+            ("run_after", job.run_after),
+            ("backend", alias),
+        )
+        if value is not None and getattr(task, name) != value
+    }
+    if not changes:
+        return task
+    try:
+        return task.using(**changes)
+    except compat.InvalidTask:
+        copy = dataclasses.replace(task)  # the declared task validates as it did on import
+        for name, value in changes.items():
+            compat.set_attribute(copy, name, value)
+        return copy
 
 
 class TasksApiMismatch(OutboxError, TypeError):
@@ -460,9 +580,13 @@ def _signal(name: str, result: Any) -> None:
 
 __all__ = [
     "JobArgumentsError",
+    "JobReturnValueError",
     "JobTask",
     "JobsBackend",
     "TasksApiMismatch",
+    "WorkerLost",
+    "as_enqueued",
     "check_json",
+    "check_return_value",
     "to_result",
 ]

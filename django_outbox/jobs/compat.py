@@ -31,6 +31,7 @@ try:
     from django.tasks.exceptions import (  # type: ignore[import-not-found,import-untyped,unused-ignore]
         InvalidTask,
         TaskResultDoesNotExist,
+        TaskResultMismatch,
     )
 
     SOURCE = "django.tasks"
@@ -60,6 +61,7 @@ except ImportError:
         )
         from django_tasks.exceptions import (  # type: ignore[no-redef,unused-ignore]
             TaskResultDoesNotExist,
+            TaskResultMismatch,
         )
 
         SOURCE = "django_tasks"
@@ -88,6 +90,7 @@ __all__ = [
     "TaskError",
     "TaskResult",
     "TaskResultDoesNotExist",
+    "TaskResultMismatch",
     "TaskResultStatus",
     "signals",
     "task",

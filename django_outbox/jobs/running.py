@@ -40,7 +40,7 @@ from django_outbox.engine.outcomes import Done, Fail, Outcome, Outcomes, Retry, 
 from django_outbox.engine.part import Attempt, KeyOrdering, Part, register
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.jobs.models import JOB_LIFECYCLE, Job, JobKey, JobState
-from django_outbox.jobs.timeouts import time_limit
+from django_outbox.jobs.timeouts import call_limited
 
 logger = logging.getLogger("django_outbox.jobs")
 
@@ -189,36 +189,39 @@ class Running(Part):
     def run_one(self, row: Job) -> Outcome:
         """Run one job; its outcome (``Done`` with the return value, or the failure)."""
         from django_outbox.jobs import compat
-        from django_outbox.jobs.backend import check_json, load_task, to_result
+        from django_outbox.jobs.backend import as_enqueued, check_return_value, load_task, to_result
 
         try:
-            task = load_task(row.task_path)
+            task = as_enqueued(load_task(row.task_path), row, row.backend)
         except Exception as exc:
             return self._failed(row, exc, retry=False)
-        result = to_result(row, task=task, backend=row.backend)
+        result = to_result(row, task=task)
         # What the job sees: RUNNING, this attempt counted (TaskContext.attempt).
         compat.set_attribute(result, "status", compat.TaskResultStatus.RUNNING)
         compat.set_attribute(result, "worker_ids", self._worker_ids(row))
         _send_task_signal("task_started", result)
+        args = list(row.args)
+        if task.takes_context:
+            args.insert(0, compat.TaskContext(task_result=result))
         try:
-            with time_limit(
-                getattr(task, "timeout", None), f"job {row.result_id} ({row.task_path})"
-            ):
-                if task.takes_context:
-                    context = compat.TaskContext(task_result=result)
-                    value = task.call(context, *row.args, **row.kwargs)
-                else:
-                    value = task.call(*row.args, **row.kwargs)
+            value = call_limited(
+                task,
+                args,
+                row.kwargs,
+                getattr(task, "timeout", None),
+                f"job {row.result_id} ({row.task_path})",
+            )
         except KeyboardInterrupt:
             # The worker is being stopped: the job goes back at once, uncounted.
             raise
         except BaseException as exc:
-            # SystemExit too: a job that exits has failed, the worker goes on.
+            # SystemExit too: a job that exits has failed, the worker goes on (retried
+            # only if its retry_on names it: the default, Exception, does not).
             _close_if_unusable(self.using)
             retry = task.retries(exc) if hasattr(task, "retries") else isinstance(exc, Exception)
-            return self._failed(row, exc, retry=retry and not isinstance(exc, SystemExit))
+            return self._failed(row, exc, retry=retry)
         try:
-            check_json(value, f"the return value of {row.task_path}", "value")
+            check_return_value(value, row.task_path)
         except TypeError as exc:
             # The job ran and its effects happened: running it again would repeat them.
             return self._failed(row, exc, retry=False)
