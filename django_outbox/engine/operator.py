@@ -171,7 +171,6 @@ def verbs_from(model: type[models.Model], state: str) -> list[Verb]:
 class Moved:
     """What one operator action did."""
 
-    verb: Verb
     #: Primary keys of the rows it moved.
     ids: list[Any] = field(default_factory=list)
     #: Running rows asked to stop (a cancel, where the part can ask).
@@ -211,7 +210,7 @@ def act(verb: Verb, rows: models.QuerySet[Any], *, now: datetime | None = None) 
     if not allowed:
         raise ValueError(f"{model._meta.verbose_name_plural} cannot be {rules.past(verb)}")
     values = _values(verb, part, rules, clock.now(now))
-    result = Moved(verb)
+    result = Moved()
     manager = model._default_manager.using(part.using)
     moved: list[Any] = []
     with transaction.atomic(using=part.using):
