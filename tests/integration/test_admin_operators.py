@@ -78,9 +78,7 @@ def buttons(page):
     import re
 
     labels = re.findall(r'<input type="submit" value="([^"]+)" class="button"', page.text)
-    labels += [
-        link + "…" for link in re.findall(r'class="button">([A-Z][a-z]+)…</a>', page.text)
-    ]
+    labels += [link + "…" for link in re.findall(r'class="button">([A-Z][a-z]+)…</a>', page.text)]
     return sorted(labels)
 
 
@@ -289,9 +287,7 @@ def test_a_page_reads_its_holders_in_one_query_whatever_it_shows(admin_client):
 
 def test_a_running_job_and_an_inbox_message_being_handled_show_their_worker(admin_client):
     live, silent = worker("host:1 jobs"), worker("host:2 inbox", silent_for=60)
-    job = row(
-        Job, JobState.RUNNING, claimed_by=live.pk, attempt_open=True, last_attempted_at=NOW
-    )
+    job = row(Job, JobState.RUNNING, claimed_by=live.pk, attempt_open=True, last_attempted_at=NOW)
     page = admin_client.get(url(Job, "change", job.pk)).text
     assert "host:1 jobs" in page and "running, attempt since" in page
     # Lock mode: a ready message under a live lease is being handled.
