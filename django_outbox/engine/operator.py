@@ -293,7 +293,13 @@ def _ask_to_stop(rows: models.QuerySet[Any], part: Part, stop_field: str) -> lis
     if running is None:
         return []
     asking = rows.filter(state=running).exclude(**{stop_field: True})
-    ids = list(asking.order_by("pk").values_list("pk", flat=True))
+    features = transaction.get_connection(part.using).features
+    # A locking read: it sees every claim committed so far, whatever snapshot the
+    # transaction holds (InnoDB's repeatable read).
+    locked = asking.order_by("pk").select_for_update(
+        of=("self",) if features.has_select_for_update_of else ()
+    )
+    ids = list(locked.values_list("pk", flat=True))
     manager = part.model._default_manager.using(part.using)
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
