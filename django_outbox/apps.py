@@ -3,7 +3,7 @@ from django.apps import AppConfig
 
 class DjangoOutboxConfig(AppConfig):
     name = "django_outbox"
-    verbose_name = "Outbox"
+    verbose_name = "Outbox, inbox and jobs"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -1,5 +1,6 @@
-"""Admin for incoming messages: read-only rows, guarded and logged requeue / skip /
-release of a strict key's gap."""
+"""Admin for incoming messages: read-only rows, who is handling a message (and whether it
+is stuck), guarded and logged requeue / skip on the list and on a message's page, and
+the release of a strict key's gap."""
 
 from __future__ import annotations
 
@@ -11,34 +12,27 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from django_outbox.admin.actions import Action, OperatorActions
+from django_outbox.admin.held import HeldFilter, HeldRows
 from django_outbox.admin.shared import (
     AttemptsFilter,
     ConfiguredValuesFilter,
     EstimatedCountPaginator,
     HasErrorFilter,
-    OperatorActions,
     ReadOnlyRows,
     pretty_json,
     pretty_text,
 )
-from django_outbox.inbox.models import (
-    REQUEUEABLE_STATES,
-    SKIPPABLE_STATES,
-    InboxMessage,
-    InboxState,
-)
+from django_outbox.engine.operator import Moved, Verb
+from django_outbox.inbox.models import InboxMessage, InboxState
 
 
-def _requeue(rows: Any) -> int:
-    return int(rows.requeue())
-
-
-def _skip(rows: Any) -> int:
-    return int(rows.skip())
-
-
-def _release(rows: Any) -> int:
-    return int(rows.release_gaps())
+def _release(rows: Any) -> Moved:
+    """Release the gaps of the selected messages that wait for one."""
+    waiting = rows.waiting_for_gap()
+    ids = list(waiting.values_list("pk", flat=True))
+    released = waiting.release_gaps()
+    return Moved(ids=ids if released else [])
 
 
 class WaitingForGapFilter(admin.SimpleListFilter):
@@ -83,14 +77,28 @@ class SourceFilter(ConfiguredValuesFilter):
 
 
 @admin.register(InboxMessage)
-class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class InboxMessageAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
     part_name = "inbox"
-    confirmed_verbs = ("skip",)
+    # A row's page: a button for each action its state allows (OperatorActions).
+    change_form_template = "django_outbox/admin/change_form.html"
+    consequences = {Verb.SKIP: "a skipped message is never handled, and this cannot be undone"}
+    own_actions = {
+        # Strict keys only: not a button (the list's gap filter finds them).
+        "release": Action(
+            name="release",
+            past="released from their gap",
+            allowed=(InboxState.SHOULD_BE_HANDLED,),
+            apply=_release,
+            on_page=False,
+            permission="requeue",
+        ),
+    }
     list_display = (
         "id",
         "type",
         "source",
         "state",
+        "held_by",
         "attempts",
         "key",
         "sequence",
@@ -100,6 +108,7 @@ class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # typ
     )
     list_filter = (
         "state",
+        HeldFilter,
         HasErrorFilter,
         AttemptsFilter,
         WaitingForGapFilter,
@@ -126,6 +135,18 @@ class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # typ
                     "traceback_pretty",
                     "created_at",
                     "finished_at",
+                )
+            },
+        ),
+        (
+            "Worker",
+            {
+                "fields": (
+                    "held_by_detail",
+                    "worker_heartbeat",
+                    "lease_ends",
+                    "attempt_started",
+                    "claimed_by",
                 )
             },
         ),
@@ -177,27 +198,13 @@ class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # typ
     def requeue_messages(
         self, request: HttpRequest, queryset: QuerySet[InboxMessage]
     ) -> HttpResponse | None:
-        return self.apply_operator_action(
-            request,
-            queryset,
-            verb="requeue",
-            past="requeued",
-            allowed=REQUEUEABLE_STATES,
-            apply=_requeue,
-        )
+        return self.operate(request, queryset, "requeue")
 
     @admin.action(description="Skip selected messages…", permissions=["skip"])
     def skip_messages(
         self, request: HttpRequest, queryset: QuerySet[InboxMessage]
     ) -> HttpResponse | None:
-        return self.apply_operator_action(
-            request,
-            queryset,
-            verb="skip",
-            past="skipped",
-            allowed=SKIPPABLE_STATES,
-            apply=_skip,
-        )
+        return self.operate(request, queryset, "skip")
 
     @admin.action(
         description="Stop waiting for the missing messages (strict keys)", permissions=["requeue"]
@@ -205,11 +212,4 @@ class InboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # typ
     def release_gaps(
         self, request: HttpRequest, queryset: QuerySet[InboxMessage]
     ) -> HttpResponse | None:
-        return self.apply_operator_action(
-            request,
-            queryset.waiting_for_gap(),  # type: ignore[attr-defined]
-            verb="release",
-            past="released from their gap",
-            allowed=(InboxState.SHOULD_BE_HANDLED,),
-            apply=_release,
-        )
+        return self.operate(request, queryset, "release")

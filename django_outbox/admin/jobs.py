@@ -1,5 +1,6 @@
 """Admin for background jobs: Django's statuses, arguments, results and each attempt's
-traceback; guarded and logged retry and cancel."""
+traceback, who runs a job (and whether it is stuck); guarded and logged retry, cancel
+and skip on the list and on a job's page."""
 
 from __future__ import annotations
 
@@ -10,28 +11,18 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 
+from django_outbox.admin.actions import OperatorActions
+from django_outbox.admin.held import HeldFilter, HeldRows
 from django_outbox.admin.shared import (
     AttemptsFilter,
     EstimatedCountPaginator,
     HasErrorFilter,
-    OperatorActions,
     ReadOnlyRows,
     pretty_json,
     pretty_text,
 )
+from django_outbox.engine.operator import Verb
 from django_outbox.jobs.models import Job, JobState
-
-
-def _retry(rows: Any) -> int:
-    return int(rows.retry())
-
-
-def _cancel(rows: Any) -> int:
-    return int(rows.cancel())
-
-
-def _skip(rows: Any) -> int:
-    return int(rows.skip())
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -54,14 +45,22 @@ class QueueFilter(admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class JobAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
     part_name = "jobs"
     operator_noun = "job"
-    confirmed_verbs = ("cancel", "skip")
+    attempt_field = "last_attempted_at"
+    # A row's page: a button for each action its state allows (OperatorActions).
+    change_form_template = "django_outbox/admin/change_form.html"
+    consequences = {
+        Verb.CANCEL: "a cancelled job never runs (a running one is asked to stop), and this "
+        "cannot be undone",
+        Verb.SKIP: "a skipped job stays FAILED for good, and the later jobs of its serial key run",
+    }
     list_display = (
         "id",
         "task_path",
         "state",
+        "held_by",
         "queue_name",
         "priority",
         "attempts",
@@ -71,6 +70,7 @@ class JobAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore
     )
     list_filter = (
         "state",
+        HeldFilter,
         QueueFilter,
         HasErrorFilter,
         AttemptsFilter,
@@ -111,8 +111,19 @@ class JobAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore
                     "workers",
                     "created_at",
                     "started_at",
-                    "last_attempted_at",
                     "finished_at",
+                )
+            },
+        ),
+        (
+            "Worker",
+            {
+                "fields": (
+                    "held_by_detail",
+                    "worker_heartbeat",
+                    "lease_ends",
+                    "attempt_started",
+                    "claimed_by",
                 )
             },
         ),
@@ -167,39 +178,18 @@ class JobAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore
         permissions=["retry"],
     )
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        return self.apply_operator_action(
-            request,
-            queryset,
-            verb="retry",
-            past="retried",
-            allowed=(JobState.FAILED,),
-            apply=_retry,
-        )
+        return self.operate(request, queryset, "retry")
 
     @admin.action(
         description="Cancel selected jobs… (READY ones never run; RUNNING ones are asked to stop)",
         permissions=["cancel"],
     )
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        return self.apply_operator_action(
-            request,
-            queryset,
-            verb="cancel",
-            past="cancelled",
-            allowed=(JobState.READY,),
-            apply=_cancel,
-        )
+        return self.operate(request, queryset, "cancel")
 
     @admin.action(
         description="Skip selected failed jobs… (their serial key's later jobs may run)",
         permissions=["skip"],
     )
     def skip_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        return self.apply_operator_action(
-            request,
-            queryset,
-            verb="skip",
-            past="skipped",
-            allowed=(JobState.FAILED,),
-            apply=_skip,
-        )
+        return self.operate(request, queryset, "skip")

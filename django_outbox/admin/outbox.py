@@ -1,35 +1,30 @@
-"""Admin for outgoing messages: read-only rows, guarded and logged requeue/cancel."""
+"""Admin for outgoing messages: read-only rows, who holds a message being sent (and
+whether it is stuck), guarded and logged requeue / cancel on the list and on a
+message's page."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from django_outbox.admin.actions import OperatorActions
+from django_outbox.admin.held import HeldFilter, HeldRows
 from django_outbox.admin.shared import (
     AttemptsFilter,
     ConfiguredValuesFilter,
     EstimatedCountPaginator,
     HasErrorFilter,
-    OperatorActions,
     ReadOnlyRows,
     pretty_json,
 )
 from django_outbox.conf import get_settings
-from django_outbox.outbox.models import (
-    CANCELLABLE_STATES,
-    REQUEUEABLE_STATES,
-    UNFINISHED_STATES,
-    OutboxMessage,
-)
+from django_outbox.engine.operator import Verb
+from django_outbox.outbox.models import UNFINISHED_STATES, OutboxMessage
 from django_outbox.wire import HEADER_REPLY_TO
 
 
@@ -43,13 +38,17 @@ class DestinationFilter(ConfiguredValuesFilter):
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class OutboxMessageAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
     part_name = "outbox"
+    # A row's page: a button for each action its state allows (OperatorActions).
+    change_form_template = "django_outbox/admin/change_form.html"
+    consequences = {Verb.CANCEL: "a cancelled message is never sent, and this cannot be undone"}
     list_display = (
         "id",
         "type",
         "destination",
         "state",
+        "held_by",
         "attempts",
         "key",
         "sequence",
@@ -61,6 +60,7 @@ class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # ty
     )
     list_filter = (
         "state",
+        HeldFilter,
         HasErrorFilter,
         AttemptsFilter,
         DestinationFilter,
@@ -76,7 +76,6 @@ class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # ty
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     actions = ("requeue_messages", "cancel_messages")
-    change_form_template = "django_outbox/admin/change_form.html"
     fieldsets = (
         (None, {"fields": ("message_id", "type", "destination", "state", "uncertain")}),
         (
@@ -90,13 +89,23 @@ class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # ty
                 "fields": (
                     "attempts",
                     "available_at",
-                    "locked_until",
-                    "lock_token",
-                    "claimed_by",
                     "last_error_pretty",
                     "created_at",
                     "sent_at",
                     "finished_at",
+                )
+            },
+        ),
+        (
+            "Worker",
+            {
+                "fields": (
+                    "held_by_detail",
+                    "worker_heartbeat",
+                    "lease_ends",
+                    "attempt_started",
+                    "lock_token",
+                    "claimed_by",
                 )
             },
         ),
@@ -191,31 +200,7 @@ class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # ty
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_outbox.cancel_outboxmessage")
 
-    # -- list actions ----------------------------------------------------------
-
-    #: verb -> (past tense, states it applies to, the domain method)
-    operator_verbs: dict[str, tuple[str, tuple[str, ...], Any]] = {
-        "requeue": ("requeued", REQUEUEABLE_STATES, lambda rows: rows.requeue()),
-        "cancel": ("cancelled", CANCELLABLE_STATES, lambda rows: rows.cancel()),
-    }
-
-    def _operate(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[OutboxMessage],
-        verb: str,
-        confirmed: bool = False,
-    ) -> HttpResponse | None:
-        past, allowed, apply = self.operator_verbs[verb]
-        return self.apply_operator_action(
-            request,
-            queryset,
-            verb=verb,
-            past=past,
-            allowed=allowed,
-            apply=apply,
-            confirmed=confirmed,
-        )
+    # -- list actions (a message's page has a button for each) -------------------
 
     @admin.action(
         description="Requeue selected messages (send_error → should_be_sent)",
@@ -224,79 +209,10 @@ class OutboxMessageAdmin(OperatorActions, ReadOnlyRows, admin.ModelAdmin):  # ty
     def requeue_messages(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
     ) -> HttpResponse | None:
-        return self._operate(request, queryset, "requeue")
+        return self.operate(request, queryset, "requeue")
 
     @admin.action(description="Cancel selected messages…", permissions=["cancel"])
     def cancel_messages(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
     ) -> HttpResponse | None:
-        return self._operate(request, queryset, "cancel")
-
-    # -- the message's own page ------------------------------------------------
-
-    def get_urls(self) -> list[Any]:
-        own = [
-            path(
-                "<path:object_id>/requeue/",
-                self.admin_site.admin_view(self.requeue_one),
-                name="django_outbox_outboxmessage_requeue",
-            ),
-            path(
-                "<path:object_id>/cancel/",
-                self.admin_site.admin_view(self.cancel_one),
-                name="django_outbox_outboxmessage_cancel",
-            ),
-        ]
-        return own + super().get_urls()
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        message = self.get_object(request, object_id)
-        context = {
-            **(extra_context or {}),
-            "can_requeue": message is not None
-            and message.state in REQUEUEABLE_STATES
-            and self.has_requeue_permission(request),
-            "can_cancel": message is not None
-            and message.state in CANCELLABLE_STATES
-            and self.has_cancel_permission(request),
-        }
-        return super().change_view(request, object_id, form_url, context)
-
-    def requeue_one(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if request.method != "POST":
-            return HttpResponseRedirect("../")
-        return self._one(request, object_id, "requeue", self.has_requeue_permission)
-
-    def cancel_one(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if request.method != "POST":
-            message = get_object_or_404(self.get_queryset(request), pk=object_id)
-            if not self.has_cancel_permission(request):
-                raise PermissionDenied
-            return TemplateResponse(
-                request,
-                "django_outbox/admin/confirm_cancel.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "title": "Cancel this message?",
-                    "object": message,
-                    "opts": self.model._meta,
-                },
-            )
-        return self._one(request, object_id, "cancel", self.has_cancel_permission)
-
-    def _one(self, request: HttpRequest, object_id: str, verb: str, allowed: Any) -> HttpResponse:
-        if not allowed(request):
-            raise PermissionDenied
-        rows = self.get_queryset(request).filter(pk=object_id)
-        get_object_or_404(rows)
-        # The confirmation, where one is needed, was the page that posted here.
-        self._operate(request, rows, verb, confirmed=True)
-        return HttpResponseRedirect(
-            reverse("admin:django_outbox_outboxmessage_change", args=[object_id])
-        )
+        return self.operate(request, queryset, "cancel")

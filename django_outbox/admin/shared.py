@@ -1,23 +1,18 @@
-"""What every part's admin shares: readable JSON and errors, error filters, operator
-actions that are logged and confirmed, and a paginator that does not count huge tables.
-
-The outbox admin uses it today; the inbox and jobs admins are built from the same pieces.
-"""
+"""What every part's admin shares: readable JSON and errors, error filters, read-only
+rows, and a paginator that does not count huge tables. The operator actions are in
+``admin.actions``, who holds a running row (and whether it is stuck) in ``admin.held``."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
+from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
@@ -149,77 +144,3 @@ class ReadOnlyRows:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-
-class OperatorActions:
-    """Requeue / cancel / skip for a part's ModelAdmin: filtered to the allowed source
-    states by the domain methods, logged in the admin's history, final ones confirmed."""
-
-    #: Actions that cannot be undone ask for confirmation first.
-    confirmed_verbs: tuple[str, ...] = ("cancel",)
-    #: What the rows are called in messages to the operator.
-    operator_noun = "message"
-    #: The engine part whose sweep the changelist reports on.
-    part_name = ""
-
-    def changelist_view(
-        self: Any, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        """The list, with a warning at the top when the part's sweeps have stopped."""
-        from django_outbox.engine.sweeps import stale_sweeps
-
-        if request.method == "GET":
-            for found in stale_sweeps(self.model._default_manager.db):
-                if found.part == self.part_name:
-                    self.message_user(request, found.describe(), messages.WARNING)
-        return super().changelist_view(request, extra_context)  # type: ignore[misc,no-any-return]
-
-    def apply_operator_action(
-        self: Any,
-        request: HttpRequest,
-        queryset: QuerySet[Any],
-        *,
-        verb: str,
-        past: str,
-        allowed: Sequence[str],
-        apply: Callable[[QuerySet[Any]], int],
-        confirmed: bool = False,
-    ) -> HttpResponse | None:
-        """Apply *apply* to *queryset*; for a final verb, first ask (unless *confirmed*)."""
-        confirmed = confirmed or bool(request.POST.get("confirmed"))
-        if verb in self.confirmed_verbs and not confirmed:
-            return TemplateResponse(
-                request,
-                "django_outbox/admin/confirm_action.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "title": f"Are you sure you want to {verb} these?",
-                    "verb": verb,
-                    "objects": queryset[:100],
-                    "count": queryset.count(),
-                    "action": request.POST.get("action", ""),
-                    "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-                    "opts": self.model._meta,
-                },
-            )
-        selected = queryset.count()
-        # The rows that will move: logged once the domain method has moved them.
-        eligible = list(queryset.filter(state__in=allowed).values_list("pk", flat=True))
-        moved = apply(queryset.order_by())
-        if moved:
-            LogEntry.objects.log_actions(
-                user_id=request.user.pk,  # type: ignore[arg-type]
-                queryset=self.model._default_manager.using(queryset.db).filter(pk__in=eligible),
-                action_flag=CHANGE,
-                change_message=f"{past.capitalize()} through the admin.",
-            )
-        noun = self.operator_noun
-        self.message_user(request, f"{moved} {noun}(s) {past}.", messages.SUCCESS)
-        if moved < selected:
-            states = ", ".join(str(s) for s in allowed)
-            self.message_user(
-                request,
-                f"{selected - moved} {noun}(s) skipped: only those in {states} can be {past}.",
-                messages.WARNING,
-            )
-        return None

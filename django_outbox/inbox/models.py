@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from django_outbox.engine import clock
+from django_outbox.engine import clock, operator
 from django_outbox.engine.models import EngineRow
 
 
@@ -31,18 +32,25 @@ class InboxState(models.TextChoices):
 
 #: States whose rows the purge deletes once past retention (the deduplication window).
 FINISHED_STATES = (InboxState.HANDLED, InboxState.SKIPPED)
+#: States from which an operator may requeue or skip (``INBOX_OPERATIONS``).
 REQUEUEABLE_STATES = (InboxState.HANDLE_ERROR,)
 SKIPPABLE_STATES = (InboxState.SHOULD_BE_HANDLED, InboxState.HANDLE_ERROR)
 
 
 class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
-    """Selections and operator transitions over incoming messages."""
+    """Selections and operator actions over incoming messages (the actions are the
+    engine's, see ``engine.operator``)."""
 
     def requeue(self, now: datetime | None = None) -> int:
-        """Move ``handle_error`` messages back to ``should_be_handled`` with attempts reset."""
-        return self.filter(state__in=REQUEUEABLE_STATES).update(
-            state=InboxState.SHOULD_BE_HANDLED, attempts=0, available_at=clock.now(now)
-        )
+        """Move ``handle_error`` messages back to ``should_be_handled``, due now, attempts
+        reset; trigger the handlers once committed. Returns how many moved."""
+        return operator.requeue(self, now=now).count
+
+    def skip(self, now: datetime | None = None) -> int:
+        """Mark waiting or failed messages ``skipped`` (final: they are never handled). A
+        skipped message of a ``strict`` key that its key's cursor was waiting for moves
+        the cursor past it and wakes its successor. Returns how many moved."""
+        return operator.skip(self, now=now).count
 
     def waiting_for_gap(self) -> InboxMessageQuerySet:
         """Messages of ``strict`` keys that wait for an earlier sequence."""
@@ -53,8 +61,8 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
 
     def release_gaps(self, now: datetime | None = None) -> int:
         """Give up waiting: move each selected waiting message's key cursor to just before
-        it (the missing sequences will be skipped if they ever come) and make it due now.
-        Returns how many messages were released."""
+        it (the missing sequences will be skipped if they ever come) and make it due now;
+        trigger the handlers once committed. Returns how many messages were released."""
         released = 0
         with transaction.atomic(using=self.db):
             for message in self.waiting_for_gap().order_by("source", "key", "sequence"):
@@ -67,6 +75,8 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
                     .filter(pk=message.pk)
                     .update(available_at=clock.now(now), last_error="gap released by an operator")
                 )
+            if released:
+                operator.wake_on_commit(operator.part_for(self.model, self.db))
         return released
 
     def sources(self, limit: int = 100) -> list[str]:
@@ -83,14 +93,6 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
                 break
             found.append(source)
         return found
-
-    def skip(self, now: datetime | None = None) -> int:
-        """Mark waiting or failed messages ``skipped`` (final: they are never handled)."""
-        return self.filter(state__in=SKIPPABLE_STATES).update(
-            state=InboxState.SKIPPED,
-            finished_at=clock.now(now),
-            last_error="skipped by an operator",
-        )
 
 
 class InboxMessage(EngineRow):
@@ -206,3 +208,82 @@ class InboxCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}/{self.key} at {self.last_sequence}"
+
+
+class InboxOperations(operator.Operations):
+    """The inbox's operator actions: requeue (the engine's), and skip into ``skipped``; a
+    skipped message of a ``strict`` key lets its key go on."""
+
+    def values(self, verb: operator.Verb, now: clock.Instant) -> dict[str, Any]:
+        if verb is operator.Verb.SKIP:
+            return {"last_error": "skipped by an operator"}
+        return {}
+
+    def moved(self, verb: operator.Verb, part: Any, rows: list[Any]) -> int:
+        if verb is not operator.Verb.SKIP:
+            return 0
+        return pass_skipped(part.using, rows)
+
+
+#: What an operator may do to incoming messages.
+INBOX_OPERATIONS = operator.declare(
+    InboxOperations(
+        model=InboxMessage,
+        skip_from=SKIPPABLE_STATES,
+        columns=("source", "key", "sequence", "type"),
+    )
+)
+
+
+def pass_skipped(using: str, skipped: list[Any]) -> int:
+    """Move the cursors of ``strict`` keys past the *skipped* messages they were waiting
+    for (and past any later ones skipped before), and make each key's next message due
+    now. Returns how many messages were woken.
+
+    A strict key's cursor is the last sequence handled; its next message waits for
+    ``cursor + 1``. Skipping that one would leave the rest of the key waiting for a gap
+    alert, so the cursor moves on, as if it had been handled. A skipped message further
+    ahead moves nothing yet: its turn comes when the cursor reaches it. Keys are taken in
+    (source, key) order, as the handlers lock their cursors: no deadlock with them.
+    """
+    from django_outbox.inbox.handlers import get_handler
+
+    keys: dict[tuple[str, str], set[int]] = {}
+    for row in skipped:
+        handler = get_handler(row.type)
+        if row.key is None or row.sequence is None or handler is None:
+            continue
+        if handler.ordering == "strict":
+            keys.setdefault((row.source, row.key), set()).add(row.sequence)
+    messages = InboxMessage.objects.using(using)
+    cursors = InboxCursor.objects.using(using)
+    woken = 0
+    for (source, key), sequences in sorted(keys.items()):
+        if 1 in sequences:
+            # A key whose first message is skipped before any was handled has no cursor
+            # yet (handlers create them as they go).
+            cursors.bulk_create([InboxCursor(source=source, key=key)], ignore_conflicts=True)
+        cursor = cursors.select_for_update().filter(source=source, key=key).first()
+        if cursor is None or cursor.last_sequence + 1 not in sequences:
+            continue
+        last = cursor.last_sequence
+        # Skipped earlier, further ahead: passed over now too.
+        ahead = messages.filter(
+            source=source, key=key, sequence__gt=last, state=InboxState.SKIPPED
+        ).values_list("sequence", flat=True)
+        sequences |= {sequence for sequence in ahead if sequence is not None}
+        while last + 1 in sequences:
+            last += 1
+        cursors.filter(pk=cursor.pk).update(last_sequence=last, updated_at=clock.now())
+        # A successor a handler's batch holds is handled by that batch once it gets the
+        # cursor: skipped over here, never waited for.
+        waiting = list(
+            messages.filter(
+                source=source, key=key, sequence=last + 1, state=InboxState.SHOULD_BE_HANDLED
+            )
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)
+        )
+        if waiting:
+            woken += messages.filter(pk__in=waiting).update(available_at=clock.now())
+    return woken

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from django_outbox.engine import clock
+from django_outbox.engine import clock, operator
 from django_outbox.engine.models import EngineRow
 from django_outbox.engine.part import Lifecycle
 
@@ -55,95 +56,27 @@ class Resolution(models.TextChoices):
 
 
 class JobQuerySet(models.QuerySet["Job"]):
-    """Selections and operator transitions over jobs."""
-
-    def due(self, now: datetime | None = None) -> JobQuerySet:
-        """READY jobs whose ``available_at`` has passed (database clock unless pinned)."""
-        return self.filter(state=JobState.READY, available_at__lte=clock.now(now))
+    """Operator actions over jobs (the engine's, see ``engine.operator``). The workers'
+    selection of due jobs is the engine's too: ``Running(queues=...).due()``."""
 
     def retry(self, now: datetime | None = None) -> int:
-        """Run FAILED jobs again: READY now, attempts reset (their errors are kept). A job
-        whose unique key another READY or RUNNING job holds stays FAILED (as does all
-        but the oldest of several selected jobs with one key)."""
-        candidates = list(self.filter(state=JobState.FAILED).values_list("pk", "unique_key"))
-        keys = {key for _, key in candidates if key is not None}
-        taken = set(
-            Job.objects.using(self.db)
-            .filter(state__in=ACTIVE_STATES, unique_key__in=keys)
-            .values_list("unique_key", flat=True)
-        )
-        chosen = []
-        for pk, key in sorted(candidates, key=lambda c: c[0]):
-            if key is not None:
-                if key in taken:
-                    continue
-                taken.add(key)
-            chosen.append(pk)
-        return (
-            Job.objects.using(self.db)
-            .filter(pk__in=chosen, state=JobState.FAILED)
-            .update(
-                state=JobState.READY,
-                attempts=0,
-                available_at=clock.now(now),
-                finished_at=None,
-                resolution=Resolution.NONE,
-                cancel_requested=False,
-                locked_until=None,
-                lock_token=None,
-                claimed_by=None,
-            )
-        )
+        """Run FAILED jobs again: READY now, attempts reset (their errors are kept); the
+        workers of their queues are triggered once committed. A job whose unique key
+        another READY or RUNNING job holds stays FAILED (as does all but the oldest of
+        several selected jobs with one key). Returns how many moved."""
+        return operator.requeue(self, now=now).count
 
     def skip(self, now: datetime | None = None) -> int:
         """Give up on FAILED jobs for good: they stay FAILED (resolution ``skipped``) and
-        no longer hold back the later jobs of their serial key."""
-        with transaction.atomic(using=self.db):
-            rows = self.filter(state=JobState.FAILED).exclude(resolution=Resolution.SKIPPED)
-            heads = list(rows.filter(blocking=True).only("serial_key", "sequence"))
-            count = rows.update(resolution=Resolution.SKIPPED, blocking=False)
-            _release_keys(self.db, heads)
-        return count
+        no longer hold back the later jobs of their serial key. Returns how many moved."""
+        return operator.skip(self, now=now).count
 
     def cancel(self, now: datetime | None = None) -> int:
-        """Cancel READY jobs (they end FAILED, resolution ``cancelled``, and never run);
-        ask RUNNING ones to stop (``cancel_requested``: the job decides). Returns how many
-        READY jobs were cancelled."""
-        with transaction.atomic(using=self.db):
-            self.filter(state=JobState.RUNNING).update(cancel_requested=True)
-            ready = self.filter(state=JobState.READY)
-            heads = list(ready.filter(serial_key__isnull=False).only("serial_key", "sequence"))
-            batched = list(ready.filter(batch__isnull=False).only("pk"))
-            count = ready.update(
-                state=JobState.FAILED,
-                resolution=Resolution.CANCELLED,
-                finished_at=clock.now(now),
-                last_error="cancelled before it ran",
-                blocking=False,
-                locked_until=None,
-                lock_token=None,
-                claimed_by=None,
-            )
-            _release_keys(self.db, heads)
-            touched = list(
-                Job.objects.using(self.db)
-                .filter(pk__in=[h.pk for h in batched], state=JobState.FAILED)
-                .values_list("batch_id", flat=True)
-            )
-        if touched:
-            from django_outbox.jobs import batches
-
-            batches.complete(self.db, touched)
-        return count
-
-
-def _release_keys(using: str, heads: list[Job]) -> None:
-    """Let the jobs parked behind *heads* (cancelled or skipped) run."""
-    if heads:
-        from django_outbox.engine import ordering
-        from django_outbox.jobs.running import Running
-
-        ordering.unblock(Running(using=using), heads)
+        """Cancel READY jobs (they end FAILED, resolution ``cancelled``, and never run),
+        then ask RUNNING ones to stop (``cancel_requested``: the job decides), in one
+        transaction: a job claimed meanwhile is asked. Returns how many READY jobs were
+        cancelled."""
+        return operator.cancel(self, now=now).count
 
 
 class Job(EngineRow):
@@ -274,6 +207,66 @@ class Job(EngineRow):
 
     def __str__(self) -> str:
         return f"{self.task_path} [{self.state}] {self.result_id}"
+
+
+class JobOperations(operator.Operations):
+    """The jobs' operator actions: retry (the engine's requeue, unique keys respected),
+    cancel READY jobs into FAILED (and ask RUNNING ones to stop), skip FAILED ones."""
+
+    def values(self, verb: operator.Verb, now: clock.Instant) -> dict[str, Any]:
+        if verb is operator.Verb.CANCEL:
+            return {"resolution": Resolution.CANCELLED, "last_error": "cancelled before it ran"}
+        if verb is operator.Verb.SKIP:
+            return {"resolution": Resolution.SKIPPED}
+        return {}
+
+    def choose(self, verb: operator.Verb, rows: list[Any], using: str) -> list[Any]:
+        if verb is operator.Verb.SKIP:
+            return [row for row in rows if row.resolution != Resolution.SKIPPED]
+        if verb is not operator.Verb.REQUEUE:
+            return rows
+        # At most one READY or RUNNING job has a unique key: the oldest selected one
+        # whose key is free runs again, the rest stay FAILED.
+        keys = {row.unique_key for row in rows if row.unique_key is not None}
+        taken: set[str | None] = set()
+        if keys:
+            taken.update(
+                Job.objects.using(using)
+                .filter(state__in=ACTIVE_STATES, unique_key__in=keys)
+                .values_list("unique_key", flat=True)
+            )
+        chosen = []
+        for row in rows:
+            if row.unique_key is not None:
+                if row.unique_key in taken:
+                    continue
+                taken.add(row.unique_key)
+            chosen.append(row)
+        return chosen
+
+    def moved(self, verb: operator.Verb, part: Any, rows: list[Any]) -> int:
+        touched = {row.batch_id for row in rows if row.batch_id is not None}
+        if verb is operator.Verb.CANCEL and touched:
+            # A cancelled job has finished (FAILED): its batch may be complete now.
+            from django_outbox.jobs import batches
+
+            batches.complete(part.using, touched)
+        return 0
+
+
+#: What an operator may do to jobs.
+JOB_OPERATIONS = operator.declare(
+    JobOperations(
+        model=Job,
+        requeue_word="retry",
+        cancel_from=(JobState.READY,),
+        cancelled=JobState.FAILED,
+        skip_from=(JobState.FAILED,),
+        stop_field="cancel_requested",
+        trigger_field="queue_name",
+        columns=("unique_key", "resolution", "batch"),
+    )
+)
 
 
 class JobKey(models.Model):

@@ -6,10 +6,10 @@ import uuid
 from datetime import datetime
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Q
 
-from django_outbox.engine import clock
+from django_outbox.engine import operator
 from django_outbox.engine.models import EngineRow
 
 
@@ -34,60 +34,25 @@ class OutboxState(models.TextChoices):
 UNFINISHED_STATES = (OutboxState.SHOULD_BE_SENT, OutboxState.SENDING, OutboxState.SEND_ERROR)
 #: States whose rows the purge deletes once past retention.
 FINISHED_STATES = (OutboxState.SENT, OutboxState.CANCELLED)
-#: States from which an operator may requeue or cancel.
+#: States from which an operator may requeue or cancel (``OUTBOX_OPERATIONS``).
 REQUEUEABLE_STATES = (OutboxState.SEND_ERROR,)
 CANCELLABLE_STATES = (OutboxState.SHOULD_BE_SENT, OutboxState.SEND_ERROR)
 
 
 class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
-    """Selections and operator transitions over outgoing messages."""
-
-    def due(self, now: datetime | None = None) -> OutboxMessageQuerySet:
-        """Messages waiting to be sent whose ``available_at`` has passed (database clock
-        unless *now* pins it)."""
-        return self.filter(state=OutboxState.SHOULD_BE_SENT, available_at__lte=clock.now(now))
-
-    def stuck(self, now: datetime | None = None) -> OutboxMessageQuerySet:
-        """Messages in ``sending`` whose lease expired (their sender died)."""
-        return self.filter(state=OutboxState.SENDING, locked_until__lt=clock.now(now))
-
-    def purgeable(self, before: datetime) -> OutboxMessageQuerySet:
-        """Finished messages (sent, cancelled) that finished before *before*."""
-        return self.filter(state__in=FINISHED_STATES, finished_at__lt=before)
+    """Operator actions over outgoing messages (the engine's, see ``engine.operator``).
+    The relay's selection of due messages is the engine's too: ``Publishing().due()``."""
 
     def requeue(self, now: datetime | None = None) -> int:
-        """Move ``send_error`` messages back to ``should_be_sent`` with attempts reset."""
-        return self.filter(state__in=REQUEUEABLE_STATES).update(
-            state=OutboxState.SHOULD_BE_SENT,
-            attempts=0,
-            available_at=clock.now(now),
-            uncertain=False,
-            locked_until=None,
-            lock_token=None,
-            claimed_by=None,
-        )
+        """Move ``send_error`` messages back to ``should_be_sent``, due now, attempts reset
+        and ``uncertain`` cleared; trigger the relay once committed. Returns how many
+        moved."""
+        return operator.requeue(self, now=now).count
 
     def cancel(self, now: datetime | None = None) -> int:
         """Cancel messages that are not being sent and not finished; the messages parked
-        behind a cancelled one of their key are released."""
-        from django_outbox.engine import ordering
-        from django_outbox.outbox.relay import Publishing
-
-        with transaction.atomic(using=self.db):
-            cancellable = self.filter(state__in=CANCELLABLE_STATES)
-            heads = list(cancellable.filter(blocking=True).only("destination", "key"))
-            count = cancellable.update(
-                state=OutboxState.CANCELLED,
-                finished_at=clock.now(now),
-                locked_until=None,
-                lock_token=None,
-                claimed_by=None,
-                blocking=False,
-                blocked=False,
-            )
-            if heads:
-                ordering.unblock(Publishing(using=self.db), heads)
-        return count
+        behind a cancelled one of their key are released. Returns how many moved."""
+        return operator.cancel(self, now=now).count
 
 
 class OutboxMessage(EngineRow):
@@ -221,6 +186,17 @@ class OutboxMessage(EngineRow):
         moved = OutboxMessage.objects.using(self._state.db).filter(pk=self.pk).cancel(now) == 1
         self.refresh_from_db()
         return moved
+
+
+#: What an operator may do to outgoing messages: requeue (the engine's), and cancel what
+#: is not being sent nor finished into ``cancelled``.
+OUTBOX_OPERATIONS = operator.declare(
+    operator.Operations(
+        model=OutboxMessage,
+        cancel_from=CANCELLABLE_STATES,
+        cancelled=OutboxState.CANCELLED,
+    )
+)
 
 
 class OutboxKey(models.Model):

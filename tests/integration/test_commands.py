@@ -93,6 +93,21 @@ def test_requeue_by_id_and_uuid():
     assert OutboxMessage.objects.get(pk=a.pk).attempts == 0
 
 
+def test_a_requeued_batch_triggers_the_relay_when_it_commits(configure_outbox, monkeypatch):
+    """Each batch the command moves is committed and triggers the relay: the messages go
+    out now, not at the next sweep."""
+    from django_outbox.engine import triggers
+
+    configure_outbox(DISPATCH="celery", DISPATCH_IN_BACKGROUND=False)
+    sent = []
+    monkeypatch.setattr(
+        triggers, "_send_celery", lambda part, using, ids: sent.append((part, list(ids)))
+    )
+    OutboxMessageFactory.create_batch(3, state=OutboxState.SEND_ERROR)
+    run("outbox_requeue", "--state", "send_error", "--batch", "2")
+    assert sent == [("outbox", []), ("outbox", [])]
+
+
 def test_requeue_requires_a_filter_and_valid_ids():
     with pytest.raises(CommandError, match="at least one"):
         call_command("outbox_requeue")

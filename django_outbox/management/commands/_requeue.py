@@ -1,6 +1,7 @@
 """The shared shape of ``outbox_requeue``, ``inbox_requeue`` and ``jobs_requeue``:
-select rows by filters (at least one), count them with ``--dry-run``, else move them
-in batches through the part's own domain method."""
+select rows by filters (at least one), count them with ``--dry-run``, else requeue (for
+jobs: retry) them in batches through the engine's operator action
+(``engine.operator.requeue``), each batch committed and its part's runners triggered."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, models
 from django.db.models import Q
 
+from django_outbox.engine import operator
 from django_outbox.management.commands._args import message_ref, positive_int
 
 
@@ -19,8 +21,7 @@ class RequeueCommand(BaseCommand):
     model: type[models.Model]
     from_state: str
     noun = "message"
-    #: The queryset method that moves a batch (returns how many moved).
-    method = "requeue"
+    #: What the part calls a requeue, done (jobs: "retried").
     past = "requeued"
     #: Option names (``dest``) of which at least one must be given (``--id`` is one).
     filters: tuple[str, ...] = ()
@@ -92,7 +93,7 @@ class RequeueCommand(BaseCommand):
             if not pks:
                 break
             last_pk = pks[-1]
-            done += getattr(manager.filter(pk__in=pks), self.method)()
+            done += operator.requeue(manager.filter(pk__in=pks)).count
             if total > options["batch"]:
                 self.stdout.write(f"{self.past} {done}/{total}")
         self.stdout.write(self.style.SUCCESS(f"{self.past} {done} {noun}"))

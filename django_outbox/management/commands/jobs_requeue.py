@@ -17,7 +17,6 @@ class Command(RequeueCommand):
     model = Job
     from_state = JobState.FAILED
     noun = "job"
-    method = "retry"
     past = "retried"
     filters = ("tasks", "queues")
     other_id = "result_id"
