@@ -241,11 +241,25 @@ class Handling(Part):
         sequence = message.sequence
         assert sequence is not None
         now = clock.now()
+        messages = InboxMessage.objects.using(self.using)
+        handler = get_handler(message.type)
+        if handler is not None and handler.ordering == "strict":
+            # Messages an operator skipped ahead of the cursor count as passed once the
+            # cursor reaches them: their successor must not wait for a gap alert.
+            ahead = messages.filter(
+                source=message.source,
+                key=message.key,
+                sequence__gt=sequence,
+                state=InboxState.SKIPPED,
+            ).order_by("sequence")
+            for skipped in ahead.values_list("sequence", flat=True)[:1000]:
+                if skipped != sequence + 1:
+                    break
+                sequence = skipped
         InboxCursor.objects.using(self.using).filter(pk=cursor.pk).update(
             last_sequence=sequence, updated_at=now
         )
         cursor.last_sequence = sequence
-        messages = InboxMessage.objects.using(self.using)
         waiting = list(
             messages.filter(
                 source=message.source,

@@ -380,3 +380,18 @@ def test_skipping_ahead_of_a_strict_key_s_cursor_moves_nothing_until_its_turn(st
     fourth.refresh_from_db()
     assert fourth.state == InboxState.HANDLED
     assert strict_step == [1, 4]
+
+
+def test_handling_the_message_before_one_skipped_ahead_passes_it_too(strict_step):
+    """Sequence 3 skipped while 2 is awaited: when 2 is handled, the cursor passes the
+    skipped 3 as well, and 4 is handled at once instead of waiting for a gap alert."""
+    receive_step(1)
+    Inbox().drain()
+    second, third, fourth = (receive_step(n) for n in (2, 3, 4))
+    InboxMessage.objects.filter(pk=third.pk).skip()
+    assert InboxCursor.objects.get(source="s", key="k").last_sequence == 1
+    Inbox().drain()
+    assert InboxCursor.objects.get(source="s", key="k").last_sequence == 4
+    fourth.refresh_from_db()
+    assert fourth.state == InboxState.HANDLED
+    assert strict_step == [1, 2, 4]
