@@ -137,7 +137,9 @@ class WorkerLoop:
         self.max_batches = max_batches
         self.listen = listen
         self.report = report
-        self.stopping = threading.Event()
+        # The runner's part sees the same event: a stop ends its step after the row in
+        # hand, not after the whole drain.
+        self.stopping = runner.part.stopping
         self.errors = 0
         #: Seconds to wait after a failed iteration before the next one.
         self.retry_delay = max(interval, 1.0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -141,6 +142,9 @@ class Part:
         self.clock = clock
         self.rng = rng or random.Random()
         self.logger = logging.getLogger(f"django_outbox.{self.name}")
+        #: Set when the process is asked to stop (a worker loop's SIGTERM): a step starts
+        #: nothing new, a drain claims no more; what is in hand is finished and recorded.
+        self.stopping = threading.Event()
 
     # -- what a part says ----------------------------------------------------
 
@@ -171,6 +175,9 @@ class Part:
         if self.lifecycle.running is None:
             due = due.filter(Q(locked_until__isnull=True) | Q(locked_until__lt=now))
         return due.order_by("available_at", "pk")
+
+    #: What runs this part's sweep, for the warning when none does.
+    sweepers: ClassVar[str] = "its Celery beat sweep task"
 
     #: Columns ``takes()`` reads (a follower's queue, say).
     scope_fields: ClassVar[tuple[str, ...]] = ()

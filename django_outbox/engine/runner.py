@@ -405,6 +405,8 @@ class Runner:
             while self._more(last) and time.monotonic() < deadline:
                 if max_batches is not None and total.batches >= max_batches:
                     break
+                if self.part.stopping.is_set():
+                    break
                 last = self.run_batch()
                 total += last
         out_of_time = time.monotonic() >= deadline
@@ -448,7 +450,7 @@ class Runner:
                         limit = 0 if wait_for_settle else 1
                         settled.wait_for(lambda: in_flight <= limit or stop.is_set())  # noqa: B023
                         idle = in_flight == 0
-                    if stop.is_set():
+                    if stop.is_set() or self.part.stopping.is_set():
                         break
                     rows, lease = self.claim_batch()
                     if rows:

@@ -170,6 +170,10 @@ def purge_finished(
     rows = part.model._default_manager.using(part.using).filter(
         state__in=part.lifecycle.finished, finished_at__lt=before
     )
+    if part.ordering is not None:
+        # A failed row that holds its key back waits for an operator, however old: its
+        # parked followers would otherwise wait for ever.
+        rows = rows.exclude(blocking=True)
     deleted = purge_in_batches(
         rows, batch_size=batch_size or config.purge_batch_size, max_batches=max_batches
     )
@@ -208,10 +212,11 @@ class StaleSweep:
             if self.silent_for is None
             else f"its last sweep ran {self.silent_for:.0f} s ago"
         )
+        part = registered().get(self.part)
+        sweepers = part.sweepers if part is not None else "its sweep"
         return (
             f"{self.part} has unfinished rows and {since}: rows whose trigger was lost or whose "
-            "lease expired are not being recovered. Is Celery beat running the documented "
-            "schedule (or an outbox_relay / outbox_sweep)?"
+            f"lease expired are not being recovered. Is something running {sweepers}?"
         )
 
 

@@ -58,6 +58,10 @@ class Handling(Part):
     """The inbox part: incoming messages handed to their type's handler."""
 
     name = "inbox"
+    sweepers = (
+        "Celery beat's django_outbox.sweep_inbox (the documented schedule), or inbox_worker, or "
+        "inbox_sweep from cron"
+    )
     model = InboxMessage
     lifecycle = Lifecycle(
         ready=InboxState.SHOULD_BE_HANDLED,

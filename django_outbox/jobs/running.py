@@ -64,6 +64,10 @@ class Running(Part):
     """The jobs part: due jobs of some queues, run by their task function."""
 
     name = "jobs"
+    sweepers = (
+        "Celery beat's django_outbox.sweep_jobs (the documented schedule), or jobs_worker, or "
+        "jobs_sweep from cron"
+    )
     model = Job
     lifecycle = JOB_LIFECYCLE
     extends_leases = True
@@ -132,8 +136,8 @@ class Running(Part):
         ran = 0
         while waiting or window:
             now = time.monotonic()
-            if ran and now >= stop_at:
-                break
+            if self.stopping.is_set() or (ran and now >= stop_at):
+                break  # the rest goes back, unattempted
             if group and (now - group_started >= GROUP_SECONDS or len(group) >= GROUP_SIZE):
                 yield group
                 group = {}

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.conf import Settings
-from django_outbox.engine import sweeps
+from django_outbox.engine import heartbeat, sweeps
 from django_outbox.engine.sweeps import RescueResult
 from django_outbox.outbox.relay import Publishing, Relay
 
@@ -62,10 +62,11 @@ def sweep(
     sweep run after a database outage must not judge them).
     """
     rescued = rescue_stuck_messages(now=now, using=using)
+    from_dead = heartbeat.rescue_dead_workers(using).get(Publishing.name, 0) if now is None else 0
     relay = Relay(using=using, clock=(lambda: now) if now is not None else None)
     drained = relay.drain(time_budget=time_budget)
     return {
-        "resent": rescued.resent,
+        "resent": rescued.resent + from_dead,
         "held": rescued.held,
         **drained.as_dict(),
     }

@@ -70,6 +70,10 @@ class Publishing(Part):
     """The outbox part: outgoing messages published through their destination's transport."""
 
     name = "outbox"
+    sweepers = (
+        "Celery beat's django_outbox.sweep_outbox (the documented schedule), or outbox_relay, or "
+        "outbox_sweep from cron"
+    )
     model = OutboxMessage
     lifecycle = Lifecycle(
         ready=OutboxState.SHOULD_BE_SENT,

@@ -165,3 +165,29 @@ def test_through_celery_a_dead_worker_process_s_job_runs_again_within_seconds(
     assert result.attempts == 2
     assert [e.exception_class_path for e in result.errors] == [WORKER_LOST]
     assert took < 10, f"ran again {took:.1f}s after its worker process died"
+
+
+def test_sigterm_stops_a_jobs_worker_after_the_job_in_hand():
+    """SIGTERM ends the worker after the job it is running, not after its whole batch
+    (up to BATCH_SECONDS) and drain: the jobs it had not started go back at once."""
+    with transaction.atomic():
+        for n in range(40):
+            jobs.slow.enqueue(f"t-{n}", 0.25)
+    worker = jobs_worker()
+    try:
+        wait_for(
+            lambda: Job.objects.filter(state=JobState.SUCCESSFUL).count() >= 2,
+            timeout=60,
+            what="a few jobs to run",
+        )
+        os.kill(worker.pid, signal.SIGTERM)
+        asked = time.monotonic()
+        worker.wait(timeout=30)
+        took = time.monotonic() - asked
+    finally:
+        output = finish(worker)
+    assert worker.returncode == 0, output
+    assert took < 1.5, f"stopped {took:.2f}s after SIGTERM\n{output}"
+    assert not Job.objects.filter(state=JobState.RUNNING).exists()
+    left = Job.objects.filter(state=JobState.READY)
+    assert left.exists() and set(left.values_list("attempts", flat=True)) == {0}

@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 import django_outbox
-from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.models import InboxMessage, InboxState, OutboxMessage, OutboxState
 from django_outbox.outbox.maintenance import purge_finished_messages
 from django_outbox.outbox.transports.memory import mailbox
 from tests.factories import OutboxMessageFactory, leave_sending
@@ -115,27 +115,88 @@ def test_requeue_requires_a_filter_and_valid_ids():
         call_command("outbox_requeue", "--id", "not-an-id")
 
 
-def test_outbox_relay_survives_a_database_error(monkeypatch):
-    from django.db import OperationalError
+# The workers' survival of a real database outage (a proxy cut for ten seconds under
+# outbox_relay, inbox_worker and jobs_worker processes) is in
+# tests/acceptance/test_database_outage.py.
 
-    from django_outbox.engine.loop import WorkerLoop as RelayWorker
-    from django_outbox.outbox.relay import Relay
 
-    django_outbox.send("t", {})
-    real_drain = Relay.drain
-    failures = []
+def test_inbox_worker_until_empty_handles_what_is_due(configure_outbox):
+    configure_outbox(INBOX={"SOURCES": {"shop": {"TRANSPORT": "local"}}})
+    for n in range(12):
+        django_outbox.receive(
+            "payment.captured", {"order": f"w-{n}"}, source="shop", message_id=f"w-{n}"
+        )
+    out = run("inbox_worker", "--json", "--until-empty", "--batch", "5", "--interval", "0")
+    assert json.loads(out.strip().splitlines()[-1])["done"] == 12
+    assert InboxMessage.objects.filter(state=InboxState.HANDLED).count() == 12
 
-    def flaky_drain(self, **kwargs):
-        if not failures:
-            failures.append(1)
-            raise OperationalError("server closed the connection unexpectedly")
-        return real_drain(self, **kwargs)
 
-    monkeypatch.setattr(Relay, "drain", flaky_drain)
-    worker = RelayWorker(Relay(), interval=0, until_empty=True, listen=False)
-    worker.retry_delay = 0
-    total = worker.run()
-    assert (worker.errors, total.sent) == (1, 1)
+def test_inbox_sweep_gives_back_a_dead_worker_s_claims_and_handles_what_is_due(
+    configure_outbox,
+):
+    import uuid
+
+    from django_outbox.engine.models import Worker
+
+    configure_outbox(INBOX={"SOURCES": {"shop": {"TRANSPORT": "local"}}})
+    message, _ = django_outbox.receive(
+        "payment.captured", {"order": "claimed"}, source="shop", message_id="claimed"
+    )
+    now = timezone.now()
+    dead = Worker.objects.create(
+        id=uuid.uuid4(), name="dead", heartbeat_at=now - timedelta(seconds=60)
+    )
+    Worker.objects.create(
+        id=uuid.uuid4(), name="live", heartbeat_at=now, healthy_since=now - timedelta(seconds=60)
+    )
+    # Claimed (lease for a minute) by a worker that died in the handler's transaction.
+    InboxMessage.objects.filter(pk=message.pk).update(
+        locked_until=now + timedelta(seconds=60),
+        lock_token=uuid.uuid4(),
+        claimed_by=dead.pk,
+        attempt_open=True,
+        attempts=1,
+    )
+    counts = json.loads(run("inbox_sweep"))
+    assert (counts["given_back"], counts["done"]) == (1, 1)
+    message.refresh_from_db()
+    assert (message.state, message.attempts) == (InboxState.HANDLED, 2)
+
+
+def test_inbox_purge_deletes_finished_messages_past_retention(configure_outbox):
+    configure_outbox(INBOX={"SOURCES": {"shop": {"TRANSPORT": "local"}}})
+    old = timezone.now() - timedelta(days=30)
+    for n in range(3):
+        message, _ = django_outbox.receive("t", {}, source="shop", message_id=f"old-{n}")
+        InboxMessage.objects.filter(pk=message.pk).update(state=InboxState.HANDLED, finished_at=old)
+    django_outbox.receive("t", {}, source="shop", message_id="waiting")
+    assert "purged 3 message(s)" in run("inbox_purge")
+    assert list(InboxMessage.objects.values_list("message_id", flat=True)) == ["waiting"]
+
+
+@pytest.mark.jobs
+def test_jobs_sweep_wakes_queues_and_jobs_purge_deletes_finished_jobs_and_idle_keys():
+    from django_outbox.jobs.models import Job, JobKey, JobState
+    from django_outbox.jobs.running import Jobs
+    from testproject.shop import jobs
+
+    jobs.order_step.enqueue(order=1, step=1)
+    jobs.order_step.enqueue(order=2, step=1, fail=True)  # fails for good: holds order 2
+    counts = json.loads(run("jobs_sweep"))
+    assert counts["woken_queues"] == ["default"]
+    Jobs().drain()
+    old = timezone.now() - timedelta(days=30)
+    Job.objects.update(finished_at=old)
+    assert set(JobKey.objects.values_list("serial_key", flat=True)) == {"order-1", "order-2"}
+    assert "purged 1 job(s)" in run("jobs_purge")
+    # The failed job of order 2 is kept (it waits for an operator) and so is its key's
+    # counter; order 1's counter goes with its last job.
+    assert list(Job.objects.values_list("state", flat=True)) == [JobState.FAILED]
+    assert list(JobKey.objects.values_list("serial_key", flat=True)) == ["order-2"]
+    # A key used again starts over, behind nothing.
+    again = jobs.order_step.enqueue(order=1, step=2)
+    assert Job.objects.get(result_id=again.id).sequence == 1
+    assert Jobs().drain().done == 1
 
 
 @pytest.fixture

@@ -387,7 +387,7 @@ def test_handling_the_message_before_one_skipped_ahead_passes_it_too(strict_step
     skipped 3 as well, and 4 is handled at once instead of waiting for a gap alert."""
     receive_step(1)
     Inbox().drain()
-    second, third, fourth = (receive_step(n) for n in (2, 3, 4))
+    _second, third, fourth = (receive_step(n) for n in (2, 3, 4))
     InboxMessage.objects.filter(pk=third.pk).skip()
     assert InboxCursor.objects.get(source="s", key="k").last_sequence == 1
     Inbox().drain()

@@ -81,3 +81,19 @@ def test_the_admin_list_warns_when_sweeps_stopped(client):
     django_outbox.send("t", {})
     response = client.get(reverse(CHANGELIST))
     assert "sweep" not in " ".join(str(m) for m in response.context["messages"])
+
+
+def test_the_warning_of_each_part_names_what_runs_its_sweep(configure_outbox):
+    """An operator told "no sweep" learns what to start for that part: the inbox's own
+    worker and sweep, the jobs' own, not the outbox's."""
+    from django_outbox.engine.sweeps import StaleSweep
+
+    said = {
+        part: StaleSweep(part=part, last_run_at=None, silent_for=None).describe()
+        for part in ("outbox", "inbox", "jobs")
+    }
+    assert "sweep_outbox" in said["outbox"] and "outbox_relay" in said["outbox"]
+    assert "sweep_inbox" in said["inbox"] and "inbox_worker" in said["inbox"]
+    assert "inbox_sweep" in said["inbox"] and "outbox_" not in said["inbox"]
+    assert "sweep_jobs" in said["jobs"] and "jobs_worker" in said["jobs"]
+    assert "jobs_sweep" in said["jobs"] and "outbox_" not in said["jobs"]
