@@ -96,7 +96,9 @@ def retry_transient(
                 raise
             if not connection_lost(reconnect, exc):
                 raise
-            logger.warning(
+            # Quiet: a blip recovered here is nobody's concern, and an outage that outlasts
+            # the retries reaches the caller, which says so once per episode.
+            logger.debug(
                 "%s: database connection lost (%s); retrying on a new connection",
                 what or "statement",
                 exc,
