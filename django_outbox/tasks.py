@@ -77,8 +77,7 @@ def deliver_messages(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) 
 
 @shared_task(name="django_outbox.sweep_outbox", ignore_result=True, bind=True)
 def sweep_outbox(self: Task, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Beat: rescue expired leases, then deliver everything due (dead workers' rows are
-    rescued sooner by the heartbeat threads of live workers)."""
+    """Beat: rescue expired leases and dead workers' rows, then deliver everything due."""
     from django_outbox.outbox.maintenance import sweep
 
     _in_a_worker(self)
@@ -137,7 +136,8 @@ def run_jobs(
 
 @shared_task(name="django_outbox.sweep_jobs", ignore_result=True, bind=True)
 def sweep_jobs(self: Task, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Beat: rescue jobs whose lease expired, and trigger every queue with due jobs."""
+    """Beat: rescue jobs whose lease expired or whose worker died, trigger every queue with
+    due jobs, complete batches whose last finisher died."""
     from django_outbox.jobs.maintenance import sweep
 
     _in_a_worker(self)

@@ -79,9 +79,10 @@ class HeldRows:
 
     def _attempt(self, obj: Any, *, short: bool = False) -> str:
         """When the current attempt started (a claimed row may not have started yet)."""
-        if not obj.attempt_open:
+        holder = self.holder_of(obj)
+        started = holder.attempt_started if holder is not None else None
+        if started is None:
             return "not started yet"
-        started = getattr(obj, self.attempt_field)
         return f"attempt since {when(started, short=short)}"
 
     @admin.display(description="held by")
@@ -137,11 +138,12 @@ class HeldRows:
 
     @admin.display(description="attempt started")
     def attempt_started(self, obj: Any) -> str:
+        holder = self.holder_of(obj)
+        if holder is not None and holder.attempt_started is not None:
+            return f"{when(holder.attempt_started)} (running)"
         started = getattr(obj, self.attempt_field)
         if started is None:
             return "—"
-        if obj.attempt_open:
-            return f"{when(started)} (running)"
         return f"{when(started)} (the last attempt; it has ended)"
 
 

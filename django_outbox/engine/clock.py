@@ -11,7 +11,7 @@ clock. Tests and operators may pin ``now`` to a fixed datetime instead.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
@@ -50,3 +50,25 @@ def sql_for(instant: Instant, queryset: Any) -> tuple[str, list[Any]]:
     resolved = instant.resolve_expression(query)  # type: ignore[attr-defined]
     sql, params = compiler.compile(resolved)
     return sql, list(params)
+
+
+def read_now(using: str) -> datetime:
+    """The database's current time as a value (one query): for a time that is written
+    and also handed to code in this process, so both say the same."""
+    from django.db import connections
+    from django.utils import timezone
+
+    connection = connections[using]
+    sql = {
+        "postgresql": "SELECT STATEMENT_TIMESTAMP()",
+        "mysql": "SELECT UTC_TIMESTAMP(6)",
+    }.get(connection.vendor)
+    if sql is None:  # SQLite: the host's clock is the database's
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        value = cursor.fetchone()[0]
+    moment: datetime = value
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, UTC)
+    return moment

@@ -19,7 +19,8 @@ than the timeout is judged dead only while another worker has been beating
 without a gap for longer than the timeout: after a database outage, when
 every heartbeat is stale, nobody's rows are taken before their worker had the
 chance to beat again. Any process may rescue by that rule: a heartbeat
-thread, a Celery beat sweep, ``outbox_sweep``.
+thread, a Celery beat sweep task, the ``outbox_sweep``, ``inbox_sweep`` and
+``jobs_sweep`` commands.
 
 The heartbeat thread also tends the leases its process works on (each
 runner registers them, see :class:`Held`): it renews only the rows a step is

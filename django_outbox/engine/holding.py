@@ -35,6 +35,7 @@ from django.db.models import (
 
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock
+from django_outbox.engine.lease import decode_ids
 from django_outbox.engine.models import Worker
 from django_outbox.engine.part import Part
 
@@ -55,6 +56,8 @@ class Holder:
     lease_ends: datetime | None
     #: Why the row is stuck; empty while it is worked on.
     stuck: str = ""
+    #: When the step started on the row (``None``: claimed, not started yet).
+    attempt_started: datetime | None = None
 
 
 def _silent_worker() -> Q:
@@ -110,6 +113,9 @@ def holders(part: Part, ids: Iterable[Any]) -> dict[Any, Holder]:
             ),
             lease_over=lease_over,
             worker_silent=ExpressionWrapper(_silent_worker(), output_field=BooleanField()),
+            worker_token=Subquery(workers.values("attempt_token")[:1]),
+            worker_declared=Subquery(workers.values("attempt_ids")[:1]),
+            worker_started=Subquery(workers.values("attempt_started_at")[:1]),
         )
         .values_list(
             "pk",
@@ -120,10 +126,24 @@ def holders(part: Part, ids: Iterable[Any]) -> dict[Any, Holder]:
             "beat_age",
             "lease_over",
             "worker_silent",
+            "lock_token",
+            "attempt_open",
+            part.attempted_at_field,
+            "worker_token",
+            "worker_declared",
+            "worker_started",
         )
     )
     found = {}
-    for pk, worker, lease_ends, name, beat, age, over, silent in rows:
+    for (
+        pk, worker, lease_ends, name, beat, age, over, silent,
+        token, marked, attempted_at, worker_token, worker_declared, worker_started,
+    ) in rows:  # fmt: skip
+        started = attempted_at if marked else None
+        # Or declared on its worker's row (one write per window of starts).
+        declared = worker_token is not None and worker_token == token
+        if started is None and declared and str(pk) in decode_ids(worker_declared or ""):
+            started = worker_started
         found[pk] = Holder(
             worker=worker,
             name=name,
@@ -131,6 +151,7 @@ def holders(part: Part, ids: Iterable[Any]) -> dict[Any, Holder]:
             silent_for=age,
             lease_ends=lease_ends,
             stuck=_why(lease_over=bool(over), silent=bool(silent), gone=name is None),
+            attempt_started=started,
         )
     return found
 

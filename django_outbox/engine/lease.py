@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from django.db import models, transaction
 from django.db.models import Case, F, Value, When
+from django.utils import timezone
 
 from django_outbox.engine import clock
 
@@ -260,19 +261,16 @@ class ClaimStatement:
 
 
 @dataclass(frozen=True, slots=True)
-class Started:
-    """A declared attempt as the database recorded it."""
+class Declared:
+    """Attempts declared started: which rows (by primary key) and when (the database's
+    clock). Empty when the lease is no longer this worker's: start nothing."""
 
-    #: The row's attempts, this one included.
-    attempts: int
-    #: When it started (the database's clock).
-    attempted_at: Any
-    #: When the row's first attempt started, for a part that keeps it (jobs).
-    first_started: Any = None
+    ids: frozenset[Any]
+    at: Any = None
 
 
-#: PostgreSQL declarations compiled once per model, columns and database.
-_DECLARE_SQL: dict[tuple[type[models.Model], str, str, str | None], str] = {}
+#: PostgreSQL declarations compiled once per (model, database).
+_DECLARE_SQL: dict[tuple[type[models.Model], str, bool], str] = {}
 
 
 def declare(
@@ -282,76 +280,149 @@ def declare(
     *,
     running_state: str,
     using: str,
-    attempted_at_field: str,
-    first_started_field: str | None = None,
-) -> dict[Any, Started]:
-    """Count an attempt of the rows *ids* that are still held under *lease* and not
-    declared yet: ``attempts + 1``, ``attempt_open``, the attempt's start time (and the
-    first start, if the part keeps one). Returns what was declared, by primary key;
-    a row missing from it is no longer this lease's (taken over or handed back) and
-    must not be started. One statement on PostgreSQL, two elsewhere."""
+    open_ids: Sequence[Any] = (),
+) -> Declared:
+    """Record that a step starts on the rows *ids* held under *lease*, once, durably,
+    before it starts: a worker that dies later is known to have started them.
+
+    A worker with a heartbeat writes its own worker row: the lease's token and every id
+    it has started and not recorded yet (*open_ids*, *ids* among them): one small write
+    for a window of starts. Without a heartbeat (a test, a one-shot command) each row is
+    marked (``attempt_open``). Either way the write is fenced: if no row is held under
+    the lease any more (taken over), nothing is declared and nothing may start. The
+    attempt itself is counted when its outcome is recorded, or by the rescue."""
     if not ids:
-        return {}
+        return Declared(frozenset())
     connection = transaction.get_connection(using)
-    if connection.vendor == "postgresql":
-        return _declare_returning(
-            model, ids, lease, running_state, using, attempted_at_field, first_started_field
-        )
-    now = clock.now()
-    values: dict[str, Any] = {
-        "attempts": F("attempts") + 1,
-        "attempt_open": True,
-        attempted_at_field: now,
-    }
-    if first_started_field is not None:
-        from django.db.models.functions import Coalesce
-
-        values[first_started_field] = Coalesce(F(first_started_field), now)
+    if lease.worker is not None:
+        return _declare_on_worker(model, ids, lease, running_state, using, open_ids or ids)
     held = fenced(model, lease, running_state, using)
-    with_ids(held.filter(attempt_open=False), ids).update(**values)
-    names = ["pk", "attempts", attempted_at_field]
-    if first_started_field is not None:
-        names.append(first_started_field)
-    found = with_ids(held.filter(attempt_open=True), ids).values_list(*names)
-    return {pk: Started(*rest) for pk, *rest in found}
+    if connection.vendor == "postgresql":
+        key = (model, using, False)
+        sql = _DECLARE_SQL.get(key)
+        if sql is None:
+            q = connection.ops.quote_name
+            meta = model._meta
+            sql = _DECLARE_SQL[key] = (
+                f"UPDATE {q(meta.db_table)} SET {q('attempt_open')} = true "
+                f"WHERE {q(meta.pk.column)} = ANY(%s) AND {q('lock_token')} = %s "
+                f"AND {q('state')} = %s RETURNING {q(meta.pk.column)}, STATEMENT_TIMESTAMP()"
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [list(ids), lease.token, running_state])
+            records = cursor.fetchall()
+        return Declared(frozenset(r[0] for r in records), records[0][1] if records else None)
+    with_ids(held, ids).update(attempt_open=True)
+    found = frozenset(with_ids(held.filter(attempt_open=True), ids).values_list("pk", flat=True))
+    return Declared(found, timezone.now())
 
 
-def _declare_returning(
+def _declare_on_worker(
     model: type[models.Model],
     ids: Sequence[Any],
     lease: Lease,
     running_state: str,
     using: str,
-    attempted_at_field: str,
-    first_started_field: str | None,
-) -> dict[Any, Started]:
-    key = (model, using, attempted_at_field, first_started_field)
-    sql = _DECLARE_SQL.get(key)
+    open_ids: Sequence[Any],
+) -> Declared:
+    from django_outbox.engine.models import Worker
+
     connection = transaction.get_connection(using)
-    if sql is None:
-        q = connection.ops.quote_name
-        meta = model._meta
-        at = q(meta.get_field(attempted_at_field).column)  # type: ignore[union-attr]
-        sets = [
-            f"{q('attempts')} = {q('attempts')} + 1",
-            f"{q('attempt_open')} = true",
-            f"{at} = STATEMENT_TIMESTAMP()",
-        ]
-        returning = [q(meta.pk.column), q("attempts"), at]
-        if first_started_field is not None:
-            first = q(meta.get_field(first_started_field).column)  # type: ignore[union-attr]
-            sets.append(f"{first} = COALESCE({first}, STATEMENT_TIMESTAMP())")
-            returning.append(first)
-        sql = _DECLARE_SQL[key] = (
-            f"UPDATE {q(meta.db_table)} SET {', '.join(sets)} "
-            f"WHERE {q(meta.pk.column)} = ANY(%s) AND {q('lock_token')} = %s "
-            f"AND {q('state')} = %s AND NOT {q('attempt_open')} "
-            f"RETURNING {', '.join(returning)}"
-        )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [list(ids), lease.token, running_state])
-        records = cursor.fetchall()
-    return {record[0]: Started(*record[1:]) for record in records}
+    listed = encode_ids(open_ids)
+    if connection.vendor == "postgresql":
+        key = (model, using, True)
+        sql = _DECLARE_SQL.get(key)
+        if sql is None:
+            q = connection.ops.quote_name
+            sql = _DECLARE_SQL[key] = (
+                f"UPDATE {q(Worker._meta.db_table)} SET {q('attempt_token')} = %s, "
+                f"{q('attempt_ids')} = %s, {q('attempt_started_at')} = STATEMENT_TIMESTAMP() "
+                f"WHERE {q('id')} = %s AND EXISTS (SELECT 1 FROM {q(model._meta.db_table)} "
+                f"WHERE {q(model._meta.pk.column)} = ANY(%s) AND {q('lock_token')} = %s "
+                f"AND {q('state')} = %s) "
+                f"RETURNING {q('attempt_started_at')}"
+            )
+        with connection.cursor() as cursor:
+            # Looked up by primary key: a row still held means the lease is (a lease is
+            # taken over whole; rows handed back never reach here).
+            cursor.execute(
+                sql, [lease.token, listed, lease.worker, [ids[0]], lease.token, running_state]
+            )
+            record = cursor.fetchone()
+        return Declared(frozenset(ids), record[0]) if record else Declared(frozenset())
+    held = with_ids(fenced(model, lease, running_state, using), ids[:1])
+    now = timezone.now()
+    assert lease.worker is not None
+    updated = (
+        Worker.objects.using(using)
+        .filter(pk=lease.worker)
+        .filter(models.Exists(held))
+        .update(attempt_token=lease.token, attempt_ids=listed, attempt_started_at=now)
+    )
+    return Declared(frozenset(ids), now) if updated else Declared(frozenset())
+
+
+def declared_started(using: str, rows: Sequence[Any]) -> set[Any]:
+    """Which of *rows* (held under a lease, read with their ``lock_token`` and
+    ``claimed_by``) had their attempt started: marked ``attempt_open``, or named by their
+    worker's row under the same lease."""
+    from django_outbox.engine.models import Worker
+
+    started = {row.pk for row in rows if getattr(row, "attempt_open", False)}
+    workers = {row.claimed_by for row in rows if row.claimed_by is not None}
+    if not workers:
+        return started
+    named: dict[tuple[Any, Any], set[str]] = {}
+    for worker, token, listed in (
+        Worker.objects.using(using)
+        .filter(pk__in=workers)
+        .values_list("pk", "attempt_token", "attempt_ids")
+    ):
+        if token is not None and listed:
+            named[(worker, token)] = decode_ids(listed)
+    for row in rows:
+        if str(row.pk) in named.get((row.claimed_by, row.lock_token), ()):
+            started.add(row.pk)
+    return started
+
+
+def encode_ids(ids: Sequence[Any]) -> str:
+    """Primary keys as text, runs of consecutive integers as ``first-last``: a batch's
+    ids are mostly one run (``"4501-4700,4702"``), so the worker row stays small."""
+    parts: list[str] = []
+    run: list[int] = []
+    for pk in ids:
+        if isinstance(pk, int) and not isinstance(pk, bool):
+            if run and pk == run[-1] + 1:
+                run.append(pk)
+                continue
+            _close_run(parts, run)
+            run = [pk]
+            continue
+        _close_run(parts, run)
+        run = []
+        parts.append(str(pk))
+    _close_run(parts, run)
+    return ",".join(parts)
+
+
+def _close_run(parts: list[str], run: list[int]) -> None:
+    if len(run) > 1:
+        parts.append(f"{run[0]}-{run[-1]}")
+    elif run:
+        parts.append(str(run[0]))
+
+
+def decode_ids(text: str) -> set[str]:
+    """The primary keys (as text) that ``encode_ids`` wrote."""
+    found: set[str] = set()
+    for part in text.split(","):
+        first, dash, last = part.partition("-")
+        if dash and first.isdigit() and last.isdigit():
+            found.update(str(n) for n in range(int(first), int(last) + 1))
+        elif part:
+            found.add(part)
+    return found
 
 
 def with_ids(queryset: models.QuerySet[M], ids: Sequence[Any]) -> models.QuerySet[M]:

@@ -129,8 +129,9 @@ class LockedRunner(Runner):
             for row in rows:
                 if row.pk in suspects and row.attempts >= part.max_attempts(row):
                     reason = (
-                        f"its worker stopped during each of its {row.attempts} attempt(s) "
-                        "(killed, out of memory, crashed): not handled again"
+                        f"its worker stopped during its last attempt (killed, out of memory, "
+                        f"crashed), and its {row.attempts} attempt(s) are used up: not "
+                        "handled again"
                     )
                     worn.append(transitions.decide(part, row, Fail(reason), now))
             if worn:
@@ -291,8 +292,7 @@ class LockedRunner(Runner):
         if unclean:
             values.update(attempt_open=False, unclean_end=True)
         else:
-            values.update(transitions.release_values(part))
-            values.pop("state")
+            values.update(attempt_open=False, attempts=F("attempts") - 1)
 
         def write() -> int:
             return int(with_ids(ours, [row.pk for row in rows]).update(**values))

@@ -48,10 +48,11 @@ class EngineRow(models.Model):
 class Worker(models.Model):
     """A process that claims rows, alive while its heartbeat is recent.
 
-    Each worker process (``outbox_relay``, a Celery worker process) writes
-    ``heartbeat_at`` with the database's clock every ``HEARTBEAT_SECONDS``.
-    Rows claimed by a worker whose heartbeat is older than
-    ``WORKER_TIMEOUT_SECONDS`` are rescued at once instead of after their lease.
+    Each worker process (``outbox_relay``, ``inbox_worker``, ``inbox_consume``,
+    ``jobs_worker``, a Celery worker process) writes ``heartbeat_at`` with the
+    database's clock every ``HEARTBEAT_SECONDS``. Rows claimed by a worker whose
+    heartbeat is older than ``WORKER_TIMEOUT_SECONDS`` are rescued at once instead of
+    after their lease (see ``engine.heartbeat`` for who may judge).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -62,6 +63,14 @@ class Worker(models.Model):
     #: worker beating for longer than the timeout proves the database was reachable:
     #: a worker silent all that time is dead (or cut off), not waiting out an outage.
     healthy_since = models.DateTimeField(default=timezone.now)
+    #: The attempts this worker has started and not recorded yet: the lease they run
+    #: under, the rows (ids, comma-separated) and when the last of them started. One
+    #: small write per window of starts, instead of one per row: a rescuer reads here
+    #: which of a dead worker's rows had started (counted, uncertain) and which had not
+    #: (given back uncounted).
+    attempt_token = models.UUIDField(null=True, blank=True)
+    attempt_ids = models.TextField(blank=True, default="")
+    attempt_started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         app_label = "django_outbox"
@@ -77,8 +86,9 @@ class SweepMark(models.Model):
 
     Triggers can be lost (a broker down at commit, a process killed before
     its dispatcher thread ran) and leases can expire; only a sweep recovers
-    those rows. Celery beat, ``outbox_sweep`` and ``outbox_relay``'s timer
-    stamp this row on every pass; workers and the admin warn when it is older
+    those rows. Celery beat's sweep tasks, the ``*_sweep`` commands, the worker
+    commands' timers and ``inbox_consume``'s idle drains stamp this row of their
+    part on every pass; workers and the admin warn when it is older
     than ``SWEEP_STALE_SECONDS`` while the part has unfinished rows.
     """
 

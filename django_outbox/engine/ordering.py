@@ -113,7 +113,8 @@ def claim_followers(runner: Runner, heads: Sequence[Any], lease: Lease, room: in
             broken.add(slot)
     extra = [row for row in got if row.pk not in keep]
     if extra:
-        runner.release(extra, lease)
+        # Kept for later if the database fails now: never dropped while claimed.
+        runner.release_or_keep(extra, lease)
     return [row for row in got if row.pk in keep]
 
 

@@ -90,12 +90,15 @@ class LeaseAttempt:
         self.deadline = lease.deadline()
         #: Rows of the batch not recorded yet, by primary key.
         self.pending: dict[Any, Any] = {row.pk: row for row in rows}
+        #: Rows whose attempt started and whose outcome is not recorded yet.
+        self.open_ids: list[Any] = []
 
     def start(self, rows: Sequence[Any], *, begin: bool = True) -> list[Any]:
-        """Declare that the step starts on *rows* (counts their attempt) and return those
-        it may do: rows handed back, or whose lease was taken over, are left out and
-        are no longer this batch's. With ``begin=False`` they are declared ahead (a
-        window of short jobs) and each is begun with :meth:`begin`."""
+        """Declare that the step starts on *rows* (see ``engine.lease.declare``) and
+        return those it may do: rows handed back, or whose lease was taken over, are left
+        out and are no longer this batch's. With ``begin=False`` they are declared ahead
+        (a window of short jobs) and each is begun with :meth:`begin`. Each returned row
+        counts this attempt in its ``attempts``, recorded with its outcome."""
         held = self.held
         ids = [row.pk for row in rows if row.pk in self.pending]
         if begin:
@@ -104,33 +107,40 @@ class LeaseAttempt:
             with held.lock:
                 ids = [pk for pk in ids if pk in held.unstarted]
         part = self.runner.part
-        started = retry_transient(
+        opened = [*self.open_ids, *ids]
+        declared = retry_transient(
             lambda: declare(
                 part.model,
                 ids,
                 self.lease,
                 running_state=self.runner.running,
                 using=part.using,
-                attempted_at_field=part.attempted_at_field,
-                first_started_field=part.first_started_field,
+                open_ids=opened,
             ),
             what=f"start {part.name} attempts",
             reconnect=part.using,
         )
         chosen = []
         for row in rows:
-            mark = started.get(row.pk)
-            if mark is None:
-                # Handed back, or the lease was taken over: not this batch's any more.
-                self.pending.pop(row.pk, None)
+            if row.pk not in declared.ids:
+                # Handed back (not this batch's any more), or refused: the lease was
+                # taken over, and the batch's release at its end changes nothing then.
+                if row.pk in held.handed_back:
+                    self.pending.pop(row.pk, None)
                 continue
-            row.attempts = mark.attempts
-            row.attempt_open = True
-            setattr(row, part.attempted_at_field, mark.attempted_at)
-            if part.first_started_field is not None:
-                setattr(row, part.first_started_field, mark.first_started)
+            row.attempts += 1
+            setattr(row, part.attempted_at_field, declared.at)
+            first = part.first_started_field
+            if first is not None and getattr(row, first, None) is None:
+                setattr(row, first, declared.at)
             chosen.append(row)
+        self.open_ids = [pk for pk in opened if pk in self.pending]
         return chosen
+
+    def recorded(self, ids: Sequence[Any]) -> None:
+        """The attempts of *ids* have their outcomes recorded: no longer open."""
+        done = set(ids)
+        self.open_ids = [pk for pk in self.open_ids if pk not in done]
 
     def begin(self, row: Any) -> bool:
         """The step starts on *row* now (declared ahead): False if it was handed back."""
@@ -251,6 +261,7 @@ class Runner:
                 group = [attempt.pending.pop(pk) for pk in list(outcomes) if pk in attempt.pending]
                 if group:
                     result += self._record_or_keep(group, outcomes, lease)
+                    attempt.recorded([row.pk for row in group])
         finally:
             close = getattr(steps, "close", None)
             if close is not None:
@@ -260,7 +271,7 @@ class Runner:
             leftover = [row for pk, row in attempt.pending.items() if pk not in held.handed_back]
             result.released += len(held.handed_back) + len(leftover)
             if leftover:
-                result.fenced += len(leftover) - self._release_or_keep(leftover, lease)
+                result.fenced += len(leftover) - self.release_or_keep(leftover, lease)
         return result
 
     def _record_or_keep(self, rows: list[Any], outcomes: Outcomes, lease: Lease) -> RunResult:
@@ -270,7 +281,8 @@ class Runner:
             self.unsettled.append(lambda: self.record(rows, outcomes, lease))
             raise
 
-    def _release_or_keep(self, rows: list[Any], lease: Lease) -> int:
+    def release_or_keep(self, rows: list[Any], lease: Lease) -> int:
+        """Give *rows* back now, or, if the database fails, before the next batch."""
         try:
             return self.release(rows, lease)
         except DatabaseError:
@@ -299,17 +311,18 @@ class Runner:
     def record(self, rows: Sequence[Any], outcomes: Outcomes, lease: Lease) -> RunResult:
         """Record the outcomes of *rows* (all present in *outcomes*), fenced by *lease*."""
         part = self.part
-        decisions = transitions.Decisions(part, part.now())
+        _one_start(part, rows)
+        decisions = transitions.Decisions(part, part.record_time(), count_attempt=True)
         changes = [decisions.decide(row, outcomes[row.pk]) for row in rows]
         held = fenced(part.model, lease, self.running, self.using)
 
         def write() -> transitions.Applied:
-            # One UPDATE needs no transaction: every row finished, nothing of its own.
-            # Keys parked or freed are more statements.
-            single = all(c.values is changes[0].values for c in changes) and not any(
+            # Each UPDATE is fenced and stands alone; parking or freeing a key goes with
+            # the row's change, in one transaction.
+            alone = not any(
                 c.values.get("blocking") or getattr(c.row, "blocking", False) for c in changes
             )
-            with nullcontext() if single else transaction.atomic(using=self.using):
+            with nullcontext() if alone else transaction.atomic(using=self.using):
                 return transitions.apply(part, held, changes)
 
         # Every write is fenced by the lease token and a failed transaction is
@@ -349,6 +362,7 @@ class Runner:
     def _report(self, changes: Sequence[transitions.Change], fenced_out: int) -> RunResult:
         """Counts of recorded *changes*, and the part's hooks (signals, logs)."""
         part = self.part
+        transitions.bring_up_to_date(changes)
         result = self.result_class(fenced=fenced_out)
         done = transitions.rows_of(changes, Transition.MARK_DONE)
         result.done = len(done)
@@ -494,7 +508,7 @@ class Runner:
                     rows, lease, held = item
                     heartbeat.let_go(held)
                     unstarted = [row for row in rows if row.pk not in held.handed_back]
-                    self._release_or_keep(unstarted, lease)
+                    self.release_or_keep(unstarted, lease)
             thread.join()
         return total
 
@@ -515,3 +529,21 @@ class Runner:
             return total
         total += self.drain()
         return total
+
+
+def _one_start(part: Part, rows: Sequence[Any]) -> None:
+    """Give the rows of a group one start time, the earliest of theirs: each window of a
+    group declared its own, and rows that finished alike then share one UPDATE. A row's
+    recorded start is at most the group's span (a fraction of a second) early."""
+    field, first_field = part.attempted_at_field, part.first_started_field
+    starts = [getattr(row, field) for row in rows if getattr(row, field, None) is not None]
+    if not starts:
+        return
+    earliest = min(starts)
+    for row in rows:
+        started = getattr(row, field, None)
+        if started is None:
+            continue
+        if first_field is not None and getattr(row, first_field, None) == started:
+            setattr(row, first_field, earliest)  # its first attempt is this one
+        setattr(row, field, earliest)

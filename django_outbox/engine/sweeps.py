@@ -19,6 +19,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, Q
 
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, transitions
+from django_outbox.engine.lease import declared_started
 from django_outbox.engine.models import SweepMark
 from django_outbox.engine.outcomes import Uncertain
 from django_outbox.engine.part import Part, registered
@@ -72,7 +73,9 @@ def rescue_stuck(
         if not dead_workers:
             mark_swept(part)
         return RescueResult(ready=released)
-    now = clock.now(at)
+    # Read once and written as a value: the hooks (a job's task_finished) see the times
+    # that were stored.
+    now = clock.now(at if at is not None else clock.read_now(part.using))
     lost = Q(locked_until__lt=now)
     if dead_workers:
         lost |= Q(claimed_by__in=list(dead_workers))
@@ -85,7 +88,8 @@ def rescue_stuck(
             rows = list(stuck.select_for_update(skip_locked=True).order_by("pk")[:RESCUE_CHUNK])
             if not rows:
                 break
-            changes = [_rescued(part, row, cause, now) for row in rows]
+            started = declared_started(part.using, rows)
+            changes = [_rescued(part, row, row.pk in started, cause, now) for row in rows]
             # The rows are locked by this transaction (SQLite: it is the only writer):
             # nobody records them meanwhile.
             locked = part.model._default_manager.using(part.using).filter(
@@ -109,23 +113,28 @@ def rescue_stuck(
             ready,
             held,
         )
+        transitions.bring_up_to_date(failed)
         for change in failed:
             part.on_failed(change.row, change.error, change.will_retry)
         part.on_rescued(result)
     return result
 
 
-def _rescued(part: Part, row: Any, cause: str, now: clock.Instant) -> transitions.Change:
+def _rescued(
+    part: Part, row: Any, started: bool, cause: str, now: clock.Instant
+) -> transitions.Change:
     """What becomes of one stuck row: given back if its attempt never started, else its
-    attempt is recorded as ended uncleanly (and it runs alone next time)."""
-    if not row.attempt_open:
+    attempt is counted and recorded as ended uncleanly (and it runs alone next time)."""
+    if not started:
         return transitions.release(part, row)
+    row.attempts += 1
     note = (
         f"{cause} during attempt {row.attempts} (killed, out of memory, frozen or cut off): "
         "outcome uncertain"
     )
     details = {"worker_lost": True, "worker": str(row.claimed_by or "")}
     change = transitions.decide(part, row, Uncertain(note, details, delay=0.0), now)
+    change.values["attempts"] = row.attempts
     change.values["unclean_end"] = True
     return change
 

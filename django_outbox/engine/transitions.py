@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
-from django.db.models import Case, F, When
+from django.db.models import F, Value
 
 from django_outbox.engine import clock
 from django_outbox.engine.backoff import backoff_delay
@@ -96,17 +96,23 @@ class Applied:
 class Decisions:
     """Turns outcomes into changes for one group of rows recorded at *now*.
 
-    Rows that finished with nothing of their own share one dict of values (and so
-    one UPDATE)."""
+    Rows that finished with nothing of their own and started together share one dict
+    of values (and so one UPDATE)."""
 
-    def __init__(self, part: Part, now: clock.Instant) -> None:
+    def __init__(self, part: Part, now: clock.Instant, *, count_attempt: bool = False) -> None:
         self.part = part
         self.now = now
-        self._done: dict[str, Any] | None = None
+        #: Lease mode: the attempt is counted with its outcome (``attempts + 1``, and when
+        #: it started); lock mode counted it when it claimed the batch.
+        self.count_attempt = count_attempt
+        self._done: dict[Any, dict[str, Any]] = {}
 
-    def done_values(self) -> dict[str, Any]:
-        """The fields of a row that finished (shared by every such row of the group)."""
-        if self._done is None:
+    def done_values(self, row: Any = None) -> dict[str, Any]:
+        """The fields of a row that finished, shared by the rows of the group that
+        started together (one dict, one UPDATE)."""
+        started = self._started(row)
+        values = self._done.get(started)
+        if values is None:
             part = self.part
             values = {
                 "state": part.lifecycle.done,
@@ -117,8 +123,23 @@ class Decisions:
             }
             if part.ordering is not None:
                 values.update(blocking=False, blocked=False)
-            self._done = values
-        return self._done
+            values.update(self._counted(started))
+            self._done[started] = values
+        return values
+
+    def _started(self, row: Any) -> Any:
+        if not self.count_attempt or row is None:
+            return None
+        return getattr(row, self.part.attempted_at_field, None)
+
+    def _counted(self, started: Any) -> dict[str, Any]:
+        """Lease mode: the attempt counted, and when it started."""
+        if not self.count_attempt:
+            return {}
+        counted: dict[str, Any] = {"attempts": F("attempts") + 1}
+        if started is not None:
+            counted[self.part.attempted_at_field] = started
+        return counted
 
     def decide(self, row: Any, outcome: Outcome) -> Change:
         """The transition *outcome* means for *row* (whose ``attempts`` counts the
@@ -127,7 +148,7 @@ class Decisions:
         life = part.lifecycle
         if isinstance(outcome, Done):
             own = part.done_row_values(row, outcome)
-            values = {**self.done_values(), **own} if own else self.done_values()
+            values = {**self.done_values(row), **own} if own else self.done_values(row)
             return Change(row, Transition.MARK_DONE, values)
         closed = {"attempt_open": False, "unclean_end": False}
         if isinstance(outcome, Defer):
@@ -154,7 +175,9 @@ class Decisions:
             return Change(row, Transition.SKIP, values)
         if not isinstance(outcome, (Retry, Fail, Uncertain)):
             raise TypeError(f"{part.name} gave the outcome {outcome!r}: not an engine outcome")
-        return _failure(part, row, outcome, now, closed)
+        change = _failure(part, row, outcome, now, closed)
+        change.values.update(self._counted(self._started(row)))
+        return change
 
 
 def decide(part: Part, row: Any, outcome: Outcome, now: clock.Instant) -> Change:
@@ -212,18 +235,9 @@ def release(part: Part, row: Any) -> Change:
 
 
 def release_values(part: Part) -> dict[str, Any]:
-    """The UPDATE of a release by query (rows not loaded): a row whose attempt was
-    declared gets it back uncounted."""
-    return {
-        "state": part.lifecycle.ready,
-        **LEASE_CLEARED,
-        "attempts": Case(
-            When(attempt_open=True, then=F("attempts") - 1),
-            default=F("attempts"),
-            output_field=models.PositiveIntegerField(),
-        ),
-        "attempt_open": False,
-    }
+    """The UPDATE of a release by query (rows not loaded): back to ready, uncounted (a
+    lease-mode attempt counts only with its outcome or its rescue)."""
+    return {"state": part.lifecycle.ready, **LEASE_CLEARED, "attempt_open": False}
 
 
 def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> Applied:
@@ -266,6 +280,20 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
     applied.fenced = len(changes) - written
     applied.written = list(changes)
     return applied
+
+
+def bring_up_to_date(changes: Iterable[Change]) -> None:
+    """Set on each change's row the values written (those known in Python: a database
+    expression, ``now()`` or ``attempts + 1``, is left as the row had it), so hooks and
+    signals see the rows as recorded."""
+    for change in changes:
+        row = change.row
+        for name, value in change.values.items():
+            if isinstance(value, Value):
+                value = value.value
+            elif hasattr(value, "resolve_expression"):
+                continue
+            setattr(row, name, value)
 
 
 def rows_of(changes: Iterable[Change], *transitions: Transition) -> list[Any]:

@@ -25,6 +25,7 @@ seconds (they run again: jobs are at-least-once).
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import traceback
@@ -54,8 +55,8 @@ GROUP_SECONDS = 0.2
 BATCH_SECONDS = 2.0
 #: A window of declared starts holds about this many seconds of this worker's recent
 #: jobs (at least one job, at most ``MAX_WINDOW``).
-START_WINDOW_SECONDS = 0.005
-MAX_WINDOW = 100
+START_WINDOW_SECONDS = 0.01
+MAX_WINDOW = 500
 #: Exception class path recorded for an attempt whose worker died.
 WORKER_LOST = "django_outbox.jobs.WorkerLost"
 
@@ -177,10 +178,14 @@ class Running(Part):
             if row.serial_key is not None and row.serial_key in failed_keys:
                 waiting.popleft()  # behind a failed job of its key: goes back, unattempted
                 continue
-            if row.unclean_end and chosen:
+            # Alone in its window: a job whose worker died during its last attempt, and a
+            # job on its last attempt (if its worker dies, no job is charged an attempt it
+            # did not run, and none can end FAILED without its last attempt having run).
+            alone = row.unclean_end or row.attempts + 1 >= int(row.max_attempts)
+            if alone and chosen:
                 break
             chosen.append(waiting.popleft())
-            if row.unclean_end:
+            if alone:
                 break
         return attempt.start(chosen, begin=False) if chosen else []
 
@@ -203,6 +208,8 @@ class Running(Part):
         # What the job sees: RUNNING, this attempt counted (TaskContext.attempt).
         compat.set_attribute(result, "status", compat.TaskResultStatus.RUNNING)
         compat.set_attribute(result, "worker_ids", self._worker_ids(row))
+        # Kept: task_finished sends it again, brought up to what was recorded.
+        row.task_result = result  # type: ignore[attr-defined]
         _send_task_signal("task_started", result)
         args = list(row.args)
         if task.takes_context:
@@ -252,9 +259,18 @@ class Running(Part):
         self, row: Job, entry: Mapping[str, Any] | None, worker: str | None = None
     ) -> dict[str, Any]:
         values: dict[str, Any] = {"worker_ids": self._worker_ids(row, worker)}
+        if row.started_at is not None:
+            values["started_at"] = row.started_at  # the first attempt's start, kept
         if entry is not None:
             values["errors"] = [*(row.errors or []), dict(entry)]
         return values
+
+    def record_time(self) -> clock.Instant:
+        # The database's time read once per group and written as a value, so that the
+        # rows in hand say exactly what was stored (task_finished sends them as they are).
+        if self.clock is not None:
+            return self.now()
+        return clock.now(clock.read_now(self.using))
 
     def done_values(self, now: clock.Instant | None) -> Mapping[str, Any]:
         return {"finished_at": now, "last_error": ""}
@@ -433,23 +449,50 @@ def _send_task_signal(name: str, result: Any) -> None:
 
 def _send_finished(using: str, rows: Sequence[Any]) -> None:
     """``task_finished`` for jobs whose outcome is final and stored (SUCCESSFUL, or FAILED
-    for good), with their results as stored (read back only when someone listens). A
-    failed attempt that will be retried has not finished: it sends ``job_failed``."""
+    for good), with their results as stored: *rows* carry what was recorded (the runner
+    brings them up to date). A failed attempt that will be retried has not finished: it
+    sends ``job_failed``."""
     from django_outbox.jobs import compat
     from django_outbox.jobs.backend import JobsBackend, to_result
 
     if not compat.signals.task_finished.has_listeners(JobsBackend):
         return
-    stored = Job.objects.using(using).filter(pk__in=[row.pk for row in rows]).order_by("pk")
-    for job in stored:
+    for job in rows:
         if job.state not in (JobState.SUCCESSFUL, JobState.FAILED):
-            continue  # requeued or rescued meanwhile
+            continue
         try:
-            result = to_result(job)
+            result = _as_recorded(job) if hasattr(job, "task_result") else to_result(job)
         except Exception:
-            logger.exception("could not read job %s back for task_finished", job.result_id)
+            logger.exception("could not build the result of job %s", job.result_id)
             continue
         _send_task_signal("task_finished", result)
+
+
+def _as_recorded(job: Any) -> Any:
+    """The ``TaskResult`` the job saw while it ran, brought up to what was recorded."""
+    from django_outbox.jobs import compat
+
+    # A copy: the one sent with task_started stays as its receivers saw it.
+    result = copy.copy(job.task_result)
+    for name in ("started_at", "finished_at", "last_attempted_at"):
+        value = getattr(job, name)
+        compat.set_attribute(result, name, getattr(value, "value", value))
+    compat.set_attribute(result, "status", compat.TaskResultStatus(job.state))
+    compat.set_attribute(result, "worker_ids", [str(w) for w in job.worker_ids or []])
+    compat.set_attribute(
+        result,
+        "errors",
+        [
+            compat.TaskError(
+                exception_class_path=str(e.get("exception_class_path", "")),
+                traceback=str(e.get("traceback", "")),
+            )
+            for e in job.errors or []
+        ],
+    )
+    if job.state == JobState.SUCCESSFUL:
+        compat.set_attribute(result, "_return_value", job.return_value)
+    return result
 
 
 def _close_if_unusable(using: str) -> None:

@@ -55,12 +55,9 @@ def purge_finished_messages(
 def sweep(
     *, using: str = DEFAULT_DB_ALIAS, now: datetime | None = None, time_budget: float | None = None
 ) -> dict[str, Any]:
-    """One recovery pass: rescue expired leases, then drain.
-
-    The rows of dead workers are rescued sooner, by the heartbeat threads of
-    live ones (which first prove themselves healthy for a whole timeout; a
-    sweep run after a database outage must not judge them).
-    """
+    """One recovery pass: rescue expired leases and the rows of workers proven dead
+    (``engine.heartbeat.dead_workers``: silent while another worker beat without a gap,
+    so a sweep run after a database outage judges nobody), then drain."""
     rescued = rescue_stuck_messages(now=now, using=using)
     from_dead = heartbeat.rescue_dead_workers(using).get(Publishing.name, 0) if now is None else 0
     relay = Relay(using=using, clock=(lambda: now) if now is not None else None)

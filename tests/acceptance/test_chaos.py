@@ -164,4 +164,5 @@ def test_a_relay_whose_connection_dies_mid_batch_records_on_a_new_one(
     assert recorded_after < 10  # the block, not the 60 s lease
     rows = OutboxMessage.objects.filter(pk__in=[m.pk for m in messages])
     assert {(m.state, m.attempts) for m in rows} == {(OutboxState.SENT, 1)}
-    assert "database connection lost" in output
+    # Recovered on a new connection within the retries: nothing for anyone to act on.
+    assert " ERROR " not in output, output

@@ -8,18 +8,18 @@ ends finished within seconds; while the database is away, its rows are visibly
 stuck (their worker's heartbeat goes stale), not shown as normally running."""
 
 import time
-from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 import django_outbox
-from django_outbox.conf import get_settings
-from django_outbox.engine.models import Worker
+from django_outbox.engine import holding
+from django_outbox.inbox.handling import Handling
 from django_outbox.jobs.models import Job, JobState
+from django_outbox.jobs.running import Running
 from django_outbox.models import InboxMessage, InboxState, OutboxMessage, OutboxState
+from django_outbox.outbox.relay import Publishing
 from testproject.shop import jobs
 from testproject.shop.models import Payment
 from tests import conftest
@@ -68,10 +68,13 @@ def start(command, through, *args, **env):
     )
 
 
-def stale_workers():
-    """Workers whose heartbeat is older than the timeout: what the admin shows as stuck."""
-    limit = timezone.now() - timedelta(seconds=get_settings().worker_timeout_seconds)
-    return set(Worker.objects.filter(heartbeat_at__lt=limit).values_list("pk", flat=True))
+def shown_as_stuck(part):
+    """The held rows of *part* that the admin marks as stuck (``engine.holding``, the
+    rule its list and its "stuck" filter use), and all its held rows."""
+    model = part.model._default_manager
+    stuck = set(model.filter(holding.stuck(part)).values_list("pk", flat=True))
+    held = set(model.filter(holding.held(part)).values_list("pk", flat=True))
+    return stuck, held
 
 
 def cut(proxy, during):
@@ -101,11 +104,10 @@ def test_a_jobs_worker_cut_off_its_database_mid_batch_finishes_every_job_once_it
         assert Job.objects.filter(state=JobState.RUNNING).exists()
 
         def while_cut():
-            # Its jobs are RUNNING under a worker whose heartbeat is stale: stuck, visibly.
-            holders = set(
-                Job.objects.filter(state=JobState.RUNNING).values_list("claimed_by", flat=True)
-            )
-            assert holders and holders <= stale_workers()
+            # Its jobs are RUNNING under a worker whose heartbeat is stale: the admin
+            # shows every one of them as stuck, not as running.
+            stuck, held = shown_as_stuck(Running())
+            assert held and stuck == held
 
         back = cut(proxy, while_cut)
         wait_for(
@@ -145,12 +147,8 @@ def test_a_relay_cut_off_its_database_after_publishing_records_the_batch_once_it
         wait_for(marker.exists, timeout=60, what="the relay to publish its first batch")
 
         def while_cut():
-            holders = set(
-                OutboxMessage.objects.filter(state=OutboxState.SENDING).values_list(
-                    "claimed_by", flat=True
-                )
-            )
-            assert holders and holders <= stale_workers()
+            stuck, held = shown_as_stuck(Publishing())
+            assert held and stuck == held
 
         back = cut(proxy, while_cut)
         wait_for(
@@ -185,12 +183,8 @@ def test_an_inbox_worker_cut_off_its_database_mid_batch_handles_every_message_on
         )
 
         def while_cut():
-            holders = set(
-                InboxMessage.objects.filter(
-                    state=InboxState.SHOULD_BE_HANDLED, claimed_by__isnull=False
-                ).values_list("claimed_by", flat=True)
-            )
-            assert holders <= stale_workers()
+            stuck, held = shown_as_stuck(Handling())
+            assert stuck == held
 
         back = cut(proxy, while_cut)
         wait_for(

@@ -55,7 +55,8 @@ def test_a_handler_that_kills_its_worker_is_counted_parked_and_leaves_its_batch_
     poison = InboxMessage.objects.get(message_id="p-10")
     assert poison.state == InboxState.HANDLE_ERROR
     assert poison.attempts == MAX_ATTEMPTS
-    assert f"stopped during each of its {MAX_ATTEMPTS} attempt(s)" in poison.last_error
+    assert "its worker stopped during its last attempt" in poison.last_error
+    assert f"its {MAX_ATTEMPTS} attempt(s) are used up" in poison.last_error
     # It killed its worker once per attempt, and not again once parked.
     assert deaths == MAX_ATTEMPTS
     refs = sorted(Payment.objects.values_list("order_ref", flat=True))
@@ -116,6 +117,6 @@ def test_a_poison_message_through_inbox_consume_is_parked_instead_of_crash_loopi
         finish(current)
     poison = InboxMessage.objects.get(message_id="c-7")
     assert poison.state == InboxState.HANDLE_ERROR
-    assert "stopped during each of its" in poison.last_error
+    assert "its worker stopped during its last attempt" in poison.last_error
     refs = sorted(Payment.objects.values_list("order_ref", flat=True))
     assert refs == sorted(f"c-{n}" for n in range(20) if n != 7)

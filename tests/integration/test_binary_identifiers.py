@@ -131,6 +131,7 @@ NOT_IDENTIFIERS = {
     ("JobBatch", "callback_path"),
     ("JobBatch", "last_error"),
     ("Worker", "name"),
+    ("Worker", "attempt_ids"),
     ("SweepMark", "part"),
     ("SweepMark", "ran_by"),
 }

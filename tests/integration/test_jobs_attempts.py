@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.jobs]
 
 def left_running(result, *, started, attempts=0, worker=None):
     """Leave the job of *result* RUNNING under a worker that died: *started*, the
-    worker had begun it (its attempt declared), else only claimed it."""
+    worker had begun it (its attempt declared, not yet counted: it counts with its
+    outcome, or with its rescue), else only claimed it."""
     worker = worker or uuid.uuid4()
     Job.objects.filter(result_id=result.id).update(
         state=JobState.RUNNING,
@@ -29,7 +30,7 @@ def left_running(result, *, started, attempts=0, worker=None):
         locked_until=timezone.now() + timedelta(seconds=60),
         claimed_by=worker,
         attempt_open=started,
-        attempts=attempts + (1 if started else 0),
+        attempts=attempts,
     )
     return worker
 

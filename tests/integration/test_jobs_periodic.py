@@ -26,8 +26,11 @@ def test_a_periodic_entry_names_the_task_and_its_arguments():
         periodic(jobs.add, 5, args=[{1}])
 
 
-def test_a_tick_delivered_twice_enqueues_one_job():
-    for _ in range(2):  # acks_late redelivery: same task id
+def test_the_same_tick_delivered_twice_enqueues_one_job():
+    """The dedup record of a tick, by its task id. That a tick whose worker process died
+    is delivered again at all is proven with a real prefork worker and SIGKILL in
+    tests/acceptance/test_celery_acks_late.py."""
+    for _ in range(2):  # the same delivery again: same task id
         enqueue_job.apply(args=("testproject.shop.jobs.add", [1, 2], {}), task_id="tick-1")
     enqueue_job.apply(args=("testproject.shop.jobs.add", [3, 4], {}), task_id="tick-2")
     assert sorted(Job.objects.values_list("args", flat=True)) == [[1, 2], [3, 4]]

@@ -42,7 +42,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from django_outbox import signals
 from django_outbox.conf import Source
-from django_outbox.engine import triggers
+from django_outbox.engine import sweeps, triggers
 from django_outbox.engine.retry import retry_transient
 from django_outbox.inbox.consumers.outage import Outage, SourceUnavailable
 from django_outbox.inbox.handling import Handling, Inbox
@@ -95,6 +95,7 @@ class KombuConsumer:
     max_outage: float = 300.0
 
     def __post_init__(self) -> None:
+        self._next_mark = 0.0
         self._pending: list[Any] = []
         self._multiple_ack = False
         #: The broker outage under way, if any.
@@ -269,6 +270,11 @@ class KombuConsumer:
 
     def _drain_due(self) -> None:
         try:
+            if time.monotonic() >= self._next_mark:
+                # This consumer handles what is due: it is the inbox's sweep too, and
+                # says so (no "no sweep" warning where it runs alone).
+                sweeps.rescue_stuck(Handling(using=self.using))
+                self._next_mark = time.monotonic() + 10.0
             self.result.handled += Inbox(using=self.using).drain().done
         except DatabaseError as exc:
             # The next batch meets the same database and gives its messages back.

@@ -351,7 +351,7 @@ class Command(BaseCommand):
         }
         lost = [m for m in committed if m not in at_broker]
         duplicates = sum(n - 1 for n in at_broker.values())
-        resent = OutboxMessage.objects.filter(last_error__contains="running again").count()
+        resent = OutboxMessage.objects.filter(last_error__contains="outcome uncertain").count()
         retried = OutboxMessage.objects.filter(attempts__gt=1).count()
         phantom = [m for m in at_broker if m not in committed]
         rows = [
