@@ -400,8 +400,12 @@ def start_for_task(request: Any) -> None:
 
 
 def stop() -> None:
-    """Stop this process's heartbeat, if it runs."""
+    """Stop this process's heartbeat, if it runs (and close this thread's declarations
+    connections: without a heartbeat, starts are declared otherwise)."""
     global _current
+    from django_outbox.engine import declarations
+
+    declarations.forget_all()
     with _lock:
         current, _current = _current, None
     if current is not None and current.pid == os.getpid():

@@ -280,7 +280,7 @@ def declare(
     *,
     running_state: str,
     using: str,
-    open_ids: Sequence[Any] = (),
+    open_ids: Sequence[Any] | str = (),
 ) -> Declared:
     """Record that a step starts on the rows *ids* held under *lease*, once, durably,
     before it starts: a worker that dies later is known to have started them.
@@ -294,6 +294,8 @@ def declare(
     if not ids:
         return Declared(frozenset())
     connection = transaction.get_connection(using)
+    if lease.worker is not None and pipelined(using):
+        return _declare_pipelined(model, ids, lease, running_state, using, open_ids or ids)
     if lease.worker is not None:
         return _declare_on_worker(model, ids, lease, running_state, using, open_ids or ids)
     held = fenced(model, lease, running_state, using)
@@ -317,18 +319,55 @@ def declare(
     return Declared(found, timezone.now())
 
 
+def pipelined(using: str) -> bool:
+    """Whether a worker with a heartbeat declares its starts without waiting (PostgreSQL,
+    ``engine.declarations``): then a start costs no round trip, and is declared alone."""
+    return bool(transaction.get_connection(using).vendor == "postgresql")
+
+
+def _declare_pipelined(
+    model: type[models.Model],
+    ids: Sequence[Any],
+    lease: Lease,
+    running_state: str,
+    using: str,
+    open_ids: Sequence[Any] | str,
+) -> Declared:
+    from django_outbox.engine import declarations
+
+    assert lease.worker is not None
+    pipe = declarations.pipeline(using)
+    try:
+        if lease.token in pipe.lost:
+            return Declared(frozenset())
+        pipe.declare(
+            model._meta.db_table,
+            model._meta.pk.column,
+            ids,
+            open_ids if isinstance(open_ids, str) else encode_ids(open_ids),
+            lease.token,
+            lease.worker,
+            running_state,
+        )
+    except Exception:
+        declarations.forget(using)
+        raise
+    # The start by this host's clock (the database's arrives with the answer, later).
+    return Declared(frozenset(ids), timezone.now())
+
+
 def _declare_on_worker(
     model: type[models.Model],
     ids: Sequence[Any],
     lease: Lease,
     running_state: str,
     using: str,
-    open_ids: Sequence[Any],
+    open_ids: Sequence[Any] | str,
 ) -> Declared:
     from django_outbox.engine.models import Worker
 
     connection = transaction.get_connection(using)
-    listed = encode_ids(open_ids)
+    listed = open_ids if isinstance(open_ids, str) else encode_ids(open_ids)
     if connection.vendor == "postgresql":
         key = (model, using, True)
         sql = _DECLARE_SQL.get(key)
@@ -384,6 +423,39 @@ def declared_started(using: str, rows: Sequence[Any]) -> set[Any]:
         if str(row.pk) in named.get((row.claimed_by, row.lock_token), ()):
             started.add(row.pk)
     return started
+
+
+class IdRuns:
+    """The ids of the attempts a batch has started and not recorded, kept as runs of
+    consecutive integers so that adding one and writing them out cost little."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[Any]] = []
+
+    def add(self, pk: Any) -> None:
+        runs = self.runs
+        if runs and isinstance(pk, int) and isinstance(runs[-1][1], int) and pk == runs[-1][1] + 1:
+            runs[-1][1] = pk
+        else:
+            runs.append([pk, pk])
+
+    def remove(self, ids: Sequence[Any]) -> None:
+        gone = set(ids)
+        kept = [pk for first, last in self.runs for pk in _expand(first, last) if pk not in gone]
+        self.runs = []
+        for pk in kept:
+            self.add(pk)
+
+    def text(self) -> str:
+        return ",".join(
+            str(first) if first == last else f"{first}-{last}" for first, last in self.runs
+        )
+
+
+def _expand(first: Any, last: Any) -> Sequence[Any]:
+    if isinstance(first, int) and isinstance(last, int):
+        return range(first, last + 1)
+    return [first]
 
 
 def encode_ids(ids: Sequence[Any]) -> str:
@@ -463,7 +535,7 @@ def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, 
     singles: dict[Any, Mapping[str, Any]] = {}
     for pk, row in values.items():
         try:
-            signature = tuple(sorted((name, _comparable(v)) for name, v in row.items()))
+            signature = tuple(sorted((name, comparable(v)) for name, v in row.items()))
             hash(signature)
         except TypeError:  # an expression: cannot be compared, give it a CASE of its own
             singles[pk] = row
@@ -483,7 +555,7 @@ def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, 
     return updated
 
 
-def _comparable(value: Any) -> Any:
+def comparable(value: Any) -> Any:
     """What decides whether two rows set the same value and may share an UPDATE: the
     value with its type (``True == 1`` in Python, not in a JSON column), and for JSON
     lists and dicts their canonical text."""

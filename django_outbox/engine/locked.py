@@ -75,6 +75,10 @@ class LockedAttempt:
     def idle(self) -> None:
         pass
 
+    @property
+    def starts_are_cheap(self) -> bool:
+        return True  # counted by the claim: starting costs nothing more
+
 
 @dataclass
 class Claimed:

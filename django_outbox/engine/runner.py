@@ -27,16 +27,20 @@ from dataclasses import dataclass, fields
 from typing import Any, Self
 
 from django.db import DatabaseError, connections, models, transaction
+from django.utils import timezone
 
 from django_outbox import conf
 from django_outbox.engine import heartbeat, ordering, transitions
 from django_outbox.engine.lease import (
     IDS,
     ClaimStatement,
+    Declared,
+    IdRuns,
     Lease,
     claim,
     declare,
     fenced,
+    pipelined,
     with_ids,
 )
 from django_outbox.engine.outcomes import Outcomes
@@ -91,7 +95,11 @@ class LeaseAttempt:
         #: Rows of the batch not recorded yet, by primary key.
         self.pending: dict[Any, Any] = {row.pk: row for row in rows}
         #: Rows whose attempt started and whose outcome is not recorded yet.
-        self.open_ids: list[Any] = []
+        self.open_ids = IdRuns()
+        self.starts_are_cheap = lease.worker is not None and pipelined(runner.using)
+        self._pipe: Any = None
+        """Whether a start is declared without a round trip (PostgreSQL, a worker with a
+        heartbeat): then each row is declared alone, exactly as it starts."""
 
     def start(self, rows: Sequence[Any], *, begin: bool = True) -> list[Any]:
         """Declare that the step starts on *rows* (see ``engine.lease.declare``) and
@@ -107,19 +115,26 @@ class LeaseAttempt:
             with held.lock:
                 ids = [pk for pk in ids if pk in held.unstarted]
         part = self.runner.part
-        opened = [*self.open_ids, *ids]
-        declared = retry_transient(
-            lambda: declare(
-                part.model,
-                ids,
-                self.lease,
-                running_state=self.runner.running,
-                using=part.using,
-                open_ids=opened,
-            ),
-            what=f"start {part.name} attempts",
-            reconnect=part.using,
-        )
+        if not ids:
+            return []
+        for pk in ids:
+            self.open_ids.add(pk)
+        listed = self.open_ids.text()
+        if self.starts_are_cheap:
+            declared = self._send_declaration(ids, listed)
+        else:
+            declared = retry_transient(
+                lambda: declare(
+                    part.model,
+                    ids,
+                    self.lease,
+                    running_state=self.runner.running,
+                    using=part.using,
+                    open_ids=listed,
+                ),
+                what=f"start {part.name} attempts",
+                reconnect=part.using,
+            )
         chosen = []
         for row in rows:
             if row.pk not in declared.ids:
@@ -134,13 +149,43 @@ class LeaseAttempt:
             if first is not None and getattr(row, first, None) is None:
                 setattr(row, first, declared.at)
             chosen.append(row)
-        self.open_ids = [pk for pk in opened if pk in self.pending]
+        if len(chosen) < len(ids):
+            self.open_ids.remove([pk for pk in ids if pk not in declared.ids])
         return chosen
+
+    def _send_declaration(self, ids: Sequence[Any], listed: str) -> Declared:
+        """The declaration on this thread's pipeline (``engine.declarations``): sent, not
+        waited for; refused once an earlier answer said the lease was lost."""
+        from django_outbox.engine import declarations
+
+        part = self.runner.part
+        lease = self.lease
+        assert lease.worker is not None
+        try:
+            pipe = self._pipe or declarations.pipeline(part.using)
+            self._pipe = pipe
+            if lease.token in pipe.lost:
+                return Declared(frozenset())
+            meta = part.model._meta
+            pipe.declare(
+                meta.db_table,
+                meta.pk.column,
+                ids,
+                listed,
+                lease.token,
+                lease.worker,
+                self.runner.running,
+            )
+        except Exception:
+            self._pipe = None
+            declarations.forget(part.using)
+            raise
+        # The start by this host's clock (the database's arrives with the answer).
+        return Declared(frozenset(ids), timezone.now())
 
     def recorded(self, ids: Sequence[Any]) -> None:
         """The attempts of *ids* have their outcomes recorded: no longer open."""
-        done = set(ids)
-        self.open_ids = [pk for pk in self.open_ids if pk not in done]
+        self.open_ids.remove(ids)
 
     def begin(self, row: Any) -> bool:
         """The step starts on *row* now (declared ahead): False if it was handed back."""
@@ -362,7 +407,8 @@ class Runner:
     def _report(self, changes: Sequence[transitions.Change], fenced_out: int) -> RunResult:
         """Counts of recorded *changes*, and the part's hooks (signals, logs)."""
         part = self.part
-        transitions.bring_up_to_date(changes)
+        if part.hooks_see_recorded_values:
+            transitions.bring_up_to_date(changes)
         result = self.result_class(fenced=fenced_out)
         done = transitions.rows_of(changes, Transition.MARK_DONE)
         result.done = len(done)

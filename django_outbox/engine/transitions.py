@@ -24,7 +24,7 @@ does (the job's own attempt limit, its error entry, parking its serial key).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,10 @@ class Change:
     transition: Transition
     values: dict[str, Any]
     error: str = ""
+    #: A finished row's values shared with others of its group, and its own on top
+    #: (``values`` is both): rows with equal own values share one UPDATE.
+    shared: dict[str, Any] | None = None
+    own: Mapping[str, Any] | None = None
 
     @property
     def failed(self) -> bool:
@@ -148,8 +152,10 @@ class Decisions:
         life = part.lifecycle
         if isinstance(outcome, Done):
             own = part.done_row_values(row, outcome)
-            values = {**self.done_values(row), **own} if own else self.done_values(row)
-            return Change(row, Transition.MARK_DONE, values)
+            shared = self.done_values(row)
+            if not own:
+                return Change(row, Transition.MARK_DONE, shared, shared=shared)
+            return Change(row, Transition.MARK_DONE, {**shared, **own}, shared=shared, own=own)
         closed = {"attempt_open": False, "unclean_end": False}
         if isinstance(outcome, Defer):
             values = {
@@ -252,11 +258,18 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
         return applied
     # Rows that share one dict of values (finished with nothing of their own) go in one
     # UPDATE; the rest are grouped by equal values, or written with CASE.
-    shared: dict[int, tuple[dict[str, Any], list[Any]]] = {}
+    shared: dict[Any, tuple[dict[str, Any], list[Any]]] = {}
     each: dict[Any, dict[str, Any]] = {}
     for change in changes:
-        if change.transition is Transition.MARK_DONE:
-            shared.setdefault(id(change.values), (change.values, []))[1].append(change.row.pk)
+        if change.shared is not None:
+            key: Any = id(change.shared)
+            if change.own:
+                try:
+                    key = (key, own_signature(change.own))
+                except TypeError:  # an expression of its own: a statement of its own
+                    each[change.row.pk] = change.values
+                    continue
+            shared.setdefault(key, (change.values, []))[1].append(change.row.pk)
         else:
             each[change.row.pk] = change.values
     written = 0
@@ -280,6 +293,17 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
     applied.fenced = len(changes) - written
     applied.written = list(changes)
     return applied
+
+
+def own_signature(own: Mapping[str, Any]) -> Any:
+    """What decides whether two rows' own values are equal (``engine.lease``'s rule:
+    values with their types, JSON by its canonical text); raises ``TypeError`` for an
+    expression."""
+    from django_outbox.engine.lease import comparable
+
+    signature = tuple((name, comparable(value)) for name, value in sorted(own.items()))
+    hash(signature)
+    return signature
 
 
 def bring_up_to_date(changes: Iterable[Change]) -> None:

@@ -25,7 +25,6 @@ seconds (they run again: jobs are at-least-once).
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 import traceback
@@ -82,6 +81,7 @@ class Running(Part):
 
     attempted_at_field = "last_attempted_at"
     first_started_field = "started_at"
+    hooks_see_recorded_values = True
 
     def __init__(self, *, queues: Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(**options)
@@ -134,6 +134,7 @@ class Running(Part):
         group_started = started
         failed_keys: set[str] = set()
         window: deque[Job] = deque()
+        declared: list[Job] = []
         ran = 0
         while waiting or window:
             now = time.monotonic()
@@ -144,7 +145,8 @@ class Running(Part):
                 group = {}
             if not window:
                 try:
-                    window = deque(self._declare_window(waiting, failed_keys, attempt))
+                    declared = self._declare_window(waiting, failed_keys, attempt)
+                    window = deque(declared)
                 except DatabaseError:
                     if group:
                         yield group  # what ran is recorded before the error goes up
@@ -153,7 +155,7 @@ class Running(Part):
             row = window.popleft()
             if row.serial_key is not None and row.serial_key in failed_keys:
                 continue  # declared, not run: given back uncounted
-            if not attempt.begin(row):
+            if len(declared) > 1 and not attempt.begin(row):
                 continue  # handed back to another worker meanwhile
             if not group:
                 group_started = time.monotonic()
@@ -170,10 +172,12 @@ class Running(Part):
     def _declare_window(
         self, waiting: deque[Job], failed_keys: set[str], attempt: Attempt
     ) -> list[Job]:
-        """Declare the starts of the next window of *waiting* jobs (a job whose worker
-        died during its last attempt forms a window of its own)."""
+        """Declare the starts of the next *waiting* jobs: a window of them, begun one by
+        one; a job on its last attempt, or whose worker died during its last attempt,
+        forms a window of its own (begun as it is declared)."""
         chosen: list[Job] = []
-        while waiting and len(chosen) < self._window:
+        limit = self._window
+        while waiting and len(chosen) < limit:
             row = waiting[0]
             if row.serial_key is not None and row.serial_key in failed_keys:
                 waiting.popleft()  # behind a failed job of its key: goes back, unattempted
@@ -187,7 +191,10 @@ class Running(Part):
             chosen.append(waiting.popleft())
             if alone:
                 break
-        return attempt.start(chosen, begin=False) if chosen else []
+        if not chosen:
+            return []
+        # A window of one is begun as it is declared; a larger one job by job.
+        return attempt.start(chosen, begin=len(chosen) == 1)
 
     def _pace(self, seconds: float) -> None:
         """Adapt the window to this worker's recent job durations."""
@@ -469,30 +476,38 @@ def _send_finished(using: str, rows: Sequence[Any]) -> None:
 
 
 def _as_recorded(job: Any) -> Any:
-    """The ``TaskResult`` the job saw while it ran, brought up to what was recorded."""
+    """The result the job saw while it ran (its task, its arguments), as recorded now (a
+    new one: the one sent with task_started stays as its receivers saw it)."""
     from django_outbox.jobs import compat
 
-    # A copy: the one sent with task_started stays as its receivers saw it.
-    result = copy.copy(job.task_result)
-    for name in ("started_at", "finished_at", "last_attempted_at"):
-        value = getattr(job, name)
-        compat.set_attribute(result, name, getattr(value, "value", value))
-    compat.set_attribute(result, "status", compat.TaskResultStatus(job.state))
-    compat.set_attribute(result, "worker_ids", [str(w) for w in job.worker_ids or []])
-    compat.set_attribute(
-        result,
-        "errors",
-        [
+    seen = job.task_result
+    result = compat.TaskResult(
+        task=seen.task,
+        id=seen.id,
+        status=compat.TaskResultStatus(job.state),
+        enqueued_at=seen.enqueued_at,
+        started_at=_value(job.started_at),
+        finished_at=_value(job.finished_at),
+        last_attempted_at=_value(job.last_attempted_at),
+        args=seen.args,
+        kwargs=seen.kwargs,
+        backend=seen.backend,
+        errors=[
             compat.TaskError(
                 exception_class_path=str(e.get("exception_class_path", "")),
                 traceback=str(e.get("traceback", "")),
             )
             for e in job.errors or []
         ],
+        worker_ids=[str(w) for w in job.worker_ids or []],
     )
     if job.state == JobState.SUCCESSFUL:
         compat.set_attribute(result, "_return_value", job.return_value)
     return result
+
+
+def _value(moment: Any) -> Any:
+    return getattr(moment, "value", moment)
 
 
 def _close_if_unusable(using: str) -> None:
