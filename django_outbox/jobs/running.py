@@ -25,6 +25,7 @@ seconds (they run again: jobs are at-least-once).
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import traceback
@@ -477,32 +478,29 @@ def _send_finished(using: str, rows: Sequence[Any]) -> None:
 
 def _as_recorded(job: Any) -> Any:
     """The result the job saw while it ran (its task, its arguments), as recorded now (a
-    new one: the one sent with task_started stays as its receivers saw it)."""
+    copy: the one sent with task_started stays as its receivers saw it)."""
     from django_outbox.jobs import compat
 
-    seen = job.task_result
-    result = compat.TaskResult(
-        task=seen.task,
-        id=seen.id,
-        status=compat.TaskResultStatus(job.state),
-        enqueued_at=seen.enqueued_at,
-        started_at=_value(job.started_at),
-        finished_at=_value(job.finished_at),
-        last_attempted_at=_value(job.last_attempted_at),
-        args=seen.args,
-        kwargs=seen.kwargs,
-        backend=seen.backend,
-        errors=[
+    result = copy.copy(job.task_result)
+    set_attribute = compat.set_attribute
+    set_attribute(result, "status", compat.TaskResultStatus(job.state))
+    set_attribute(result, "started_at", _value(job.started_at))
+    set_attribute(result, "finished_at", _value(job.finished_at))
+    set_attribute(result, "last_attempted_at", _value(job.last_attempted_at))
+    set_attribute(result, "worker_ids", [str(w) for w in job.worker_ids or []])
+    set_attribute(
+        result,
+        "errors",
+        [
             compat.TaskError(
                 exception_class_path=str(e.get("exception_class_path", "")),
                 traceback=str(e.get("traceback", "")),
             )
             for e in job.errors or []
         ],
-        worker_ids=[str(w) for w in job.worker_ids or []],
     )
     if job.state == JobState.SUCCESSFUL:
-        compat.set_attribute(result, "_return_value", job.return_value)
+        set_attribute(result, "_return_value", job.return_value)
     return result
 
 
