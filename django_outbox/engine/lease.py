@@ -287,36 +287,19 @@ def declare(
 
     A worker with a heartbeat writes its own worker row: the lease's token and every id
     it has started and not recorded yet (*open_ids*, *ids* among them): one small write
-    for a window of starts. Without a heartbeat (a test, a one-shot command) each row is
-    marked (``attempt_open``). Either way the write is fenced: if no row is held under
-    the lease any more (taken over), nothing is declared and nothing may start. The
-    attempt itself is counted when its outcome is recorded, or by the rescue."""
+    for a window of starts (on PostgreSQL sent without waiting, see
+    ``engine.declarations``). The write is fenced: if the lease is no longer held,
+    nothing is declared and nothing may start. A process without a heartbeat (a script,
+    a test) declares nothing: its claims carry no worker, and if it dies, the rescue
+    counts every row it held as started (it cannot tell). The attempt itself is counted
+    when its outcome is recorded, or by the rescue."""
     if not ids:
         return Declared(frozenset())
-    connection = transaction.get_connection(using)
-    if lease.worker is not None and pipelined(using):
+    if lease.worker is None:
+        return Declared(frozenset(ids), timezone.now())
+    if pipelined(using):
         return _declare_pipelined(model, ids, lease, running_state, using, open_ids or ids)
-    if lease.worker is not None:
-        return _declare_on_worker(model, ids, lease, running_state, using, open_ids or ids)
-    held = fenced(model, lease, running_state, using)
-    if connection.vendor == "postgresql":
-        key = (model, using, False)
-        sql = _DECLARE_SQL.get(key)
-        if sql is None:
-            q = connection.ops.quote_name
-            meta = model._meta
-            sql = _DECLARE_SQL[key] = (
-                f"UPDATE {q(meta.db_table)} SET {q('attempt_open')} = true "
-                f"WHERE {q(meta.pk.column)} = ANY(%s) AND {q('lock_token')} = %s "
-                f"AND {q('state')} = %s RETURNING {q(meta.pk.column)}, STATEMENT_TIMESTAMP()"
-            )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [list(ids), lease.token, running_state])
-            records = cursor.fetchall()
-        return Declared(frozenset(r[0] for r in records), records[0][1] if records else None)
-    with_ids(held, ids).update(attempt_open=True)
-    found = frozenset(with_ids(held.filter(attempt_open=True), ids).values_list("pk", flat=True))
-    return Declared(found, timezone.now())
+    return _declare_on_worker(model, ids, lease, running_state, using, open_ids or ids)
 
 
 def pipelined(using: str) -> bool:
@@ -403,11 +386,15 @@ def _declare_on_worker(
 
 def declared_started(using: str, rows: Sequence[Any]) -> set[Any]:
     """Which of *rows* (held under a lease, read with their ``lock_token`` and
-    ``claimed_by``) had their attempt started: marked ``attempt_open``, or named by their
-    worker's row under the same lease."""
+    ``claimed_by``) had their attempt started: marked ``attempt_open``, claimed by a
+    process without a heartbeat, or named by their worker's row under the same lease."""
     from django_outbox.engine.models import Worker
 
-    started = {row.pk for row in rows if getattr(row, "attempt_open", False)}
+    # Marked started (a lock-mode claim), or claimed by a process without a heartbeat,
+    # which declares nothing: counted as started, since nobody can tell.
+    started = {
+        row.pk for row in rows if getattr(row, "attempt_open", False) or row.claimed_by is None
+    }
     workers = {row.claimed_by for row in rows if row.claimed_by is not None}
     if not workers:
         return started

@@ -132,6 +132,8 @@ class Part:
     #: Whether the rows handed to the hooks carry the values just recorded (the jobs'
     #: task_finished sends them as they are); costs a few µs per row.
     hooks_see_recorded_values: ClassVar[bool] = False
+    #: Whether ``done_row_values`` gives a row values of its own (a job's result).
+    has_own_done_values: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -43,7 +43,7 @@ from django_outbox.engine.lease import (
     pipelined,
     with_ids,
 )
-from django_outbox.engine.outcomes import Outcomes
+from django_outbox.engine.outcomes import DONE, Outcomes
 from django_outbox.engine.part import Part
 from django_outbox.engine.retry import retry_transient
 from django_outbox.engine.transitions import Transition
@@ -117,6 +117,10 @@ class LeaseAttempt:
         part = self.runner.part
         if not ids:
             return []
+        if self.lease.worker is None:
+            # No heartbeat: nothing to declare (its rows count as started if it dies).
+            declared = Declared(frozenset(ids), timezone.now())
+            return self._started(rows, declared)
         for pk in ids:
             self.open_ids.add(pk)
         listed = self.open_ids.text()
@@ -135,6 +139,18 @@ class LeaseAttempt:
                 what=f"start {part.name} attempts",
                 reconnect=part.using,
             )
+        chosen = self._started(rows, declared)
+        if len(chosen) < len(ids):
+            self.open_ids.remove([pk for pk in ids if pk not in declared.ids])
+        return chosen
+
+    def _started(self, rows: Sequence[Any], declared: Declared) -> list[Any]:
+        """The rows of *rows* that *declared* lets start, their attempt and start time
+        noted in hand (recorded with their outcome)."""
+        part = self.runner.part
+        held = self.held
+        field, first = part.attempted_at_field, part.first_started_field
+        at = declared.at
         chosen = []
         for row in rows:
             if row.pk not in declared.ids:
@@ -144,13 +160,10 @@ class LeaseAttempt:
                     self.pending.pop(row.pk, None)
                 continue
             row.attempts += 1
-            setattr(row, part.attempted_at_field, declared.at)
-            first = part.first_started_field
+            setattr(row, field, at)
             if first is not None and getattr(row, first, None) is None:
-                setattr(row, first, declared.at)
+                setattr(row, first, at)
             chosen.append(row)
-        if len(chosen) < len(ids):
-            self.open_ids.remove([pk for pk in ids if pk not in declared.ids])
         return chosen
 
     def _send_declaration(self, ids: Sequence[Any], listed: str) -> Declared:
@@ -185,7 +198,8 @@ class LeaseAttempt:
 
     def recorded(self, ids: Sequence[Any]) -> None:
         """The attempts of *ids* have their outcomes recorded: no longer open."""
-        self.open_ids.remove(ids)
+        if self.open_ids.runs:
+            self.open_ids.remove(ids)
 
     def begin(self, row: Any) -> bool:
         """The step starts on *row* now (declared ahead): False if it was handed back."""
@@ -358,7 +372,13 @@ class Runner:
         part = self.part
         _one_start(part, rows)
         decisions = transitions.Decisions(part, part.record_time(), count_attempt=True)
-        changes = [decisions.decide(row, outcomes[row.pk]) for row in rows]
+        if all(outcomes[row.pk] is DONE for row in rows) and not part.has_own_done_values:
+            # The hot path: every row of the group finished, alike (one UPDATE).
+            shared = decisions.decide(rows[0], DONE).values
+            done = transitions.Transition.MARK_DONE
+            changes = [transitions.Change(row, done, shared, shared=shared) for row in rows]
+        else:
+            changes = [decisions.decide(row, outcomes[row.pk]) for row in rows]
         held = fenced(part.model, lease, self.running, self.using)
 
         def write() -> transitions.Applied:

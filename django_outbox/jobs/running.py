@@ -83,6 +83,7 @@ class Running(Part):
     attempted_at_field = "last_attempted_at"
     first_started_field = "started_at"
     hooks_see_recorded_values = True
+    has_own_done_values = True
 
     def __init__(self, *, queues: Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(**options)
