@@ -62,12 +62,15 @@ def read_now(using: str) -> datetime:
     sql = {
         "postgresql": "SELECT STATEMENT_TIMESTAMP()",
         "mysql": "SELECT UTC_TIMESTAMP(6)",
+        "sqlite": "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')",
     }.get(connection.vendor)
-    if sql is None:  # SQLite: the host's clock is the database's
+    if sql is None:
         return timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(sql)
         value = cursor.fetchone()[0]
+    if isinstance(value, str):  # SQLite: text, UTC
+        value = datetime.fromisoformat(value)
     moment: datetime = value
     if timezone.is_naive(moment):
         moment = timezone.make_aware(moment, UTC)
