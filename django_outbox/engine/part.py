@@ -167,9 +167,10 @@ class Part:
             return max(lease, lease_floor(self.settings.heartbeat_seconds))
         return lease
 
-    def record_time(self) -> clock.Instant:
+    def record_time(self, started: datetime | None = None) -> clock.Instant:
         """The time a group of outcomes is recorded with (``now()``; a part that hands the
-        recorded times to others, the jobs' ``task_finished``, reads it first)."""
+        recorded times to others, the jobs' ``task_finished``, reads it first and records
+        no finish before the group's *started*)."""
         return self.now()
 
     def now(self) -> clock.Instant:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any, Self
 
 from django.db import DatabaseError, connections, models, transaction
@@ -370,8 +371,8 @@ class Runner:
     def record(self, rows: Sequence[Any], outcomes: Outcomes, lease: Lease) -> RunResult:
         """Record the outcomes of *rows* (all present in *outcomes*), fenced by *lease*."""
         part = self.part
-        _one_start(part, rows)
-        decisions = transitions.Decisions(part, part.record_time(), count_attempt=True)
+        started = _one_start(part, rows)
+        decisions = transitions.Decisions(part, part.record_time(started), count_attempt=True)
         if all(outcomes[row.pk] is DONE for row in rows) and not part.has_own_done_values:
             # The hot path: every row of the group finished, alike (one UPDATE).
             shared = decisions.decide(rows[0], DONE).values
@@ -597,15 +598,15 @@ class Runner:
         return total
 
 
-def _one_start(part: Part, rows: Sequence[Any]) -> None:
+def _one_start(part: Part, rows: Sequence[Any]) -> datetime | None:
     """Give the rows of a group one start time, the earliest of theirs: each window of a
     group declared its own, and rows that finished alike then share one UPDATE. A row's
     recorded start is at most the group's span (a fraction of a second) early."""
     field, first_field = part.attempted_at_field, part.first_started_field
     starts = [getattr(row, field) for row in rows if getattr(row, field, None) is not None]
     if not starts:
-        return
-    earliest = min(starts)
+        return None
+    earliest: datetime = min(starts)
     for row in rows:
         started = getattr(row, field, None)
         if started is None:
@@ -613,3 +614,4 @@ def _one_start(part: Part, rows: Sequence[Any]) -> None:
         if first_field is not None and getattr(row, first_field, None) == started:
             setattr(row, first_field, earliest)  # its first attempt is this one
         setattr(row, field, earliest)
+    return earliest

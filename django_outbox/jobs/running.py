@@ -31,6 +31,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models
@@ -274,12 +275,17 @@ class Running(Part):
             values["errors"] = [*(row.errors or []), dict(entry)]
         return values
 
-    def record_time(self) -> clock.Instant:
+    def record_time(self, started: datetime | None = None) -> clock.Instant:
         # The database's time read once per group and written as a value, so that the
         # rows in hand say exactly what was stored (task_finished sends them as they are).
+        # A start was taken by the worker's clock: a finish is never recorded before it
+        # (SQLite's clock counts milliseconds; another host's may run behind).
         if self.clock is not None:
             return self.now()
-        return clock.now(clock.read_now(self.using))
+        moment = clock.read_now(self.using)
+        if started is not None and started > moment:
+            moment = started
+        return clock.now(moment)
 
     def done_values(self, now: clock.Instant | None) -> Mapping[str, Any]:
         return {"finished_at": now, "last_error": ""}
