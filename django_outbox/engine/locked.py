@@ -198,13 +198,19 @@ class LockedRunner(Runner):
         ours = part.model._default_manager.using(self.using).filter(
             state=part.lifecycle.ready, lock_token=lease.token
         )
+        every = part.model._default_manager.using(self.using)
         with transaction.atomic(using=self.using):
-            locked = set(
-                with_ids(ours, [row.pk for row in rows])
+            # Locked by primary key alone, then checked: a lock taken through another
+            # index (InnoDB locks that index's entry first) would wait for a row while
+            # holding an entry that the row's holder needs next (a deadlock).
+            found = (
+                with_ids(every, [row.pk for row in rows])
                 .select_for_update()
                 .order_by("pk")
-                .values_list("pk", flat=True)
+                .values_list("pk", "state", "lock_token")
             )
+            ready, token = part.lifecycle.ready, lease.token
+            locked = {pk for pk, state, held in found if state == ready and held == token}
             mine = [row for row in rows if row.pk in locked]
             result, changes = self._process(mine, ours)
         # Hooks run once the outcomes (and the steps' effects) are committed.

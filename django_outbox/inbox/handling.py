@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Q
 
 from django_outbox import signals
@@ -264,16 +264,19 @@ class Handling(Part):
             last_sequence=sequence, updated_at=now
         )
         cursor.last_sequence = sequence
-        waiting = list(
-            messages.filter(
-                source=message.source,
-                key=message.key,
-                sequence=sequence + 1,
-                state=InboxState.SHOULD_BE_HANDLED,
-            )
-            .select_for_update(skip_locked=True)
-            .values_list("pk", flat=True)
+        successor = messages.filter(
+            source=message.source,
+            key=message.key,
+            sequence=sequence + 1,
+            state=InboxState.SHOULD_BE_HANDLED,
         )
+        if connections[self.using].vendor == "mysql":
+            # InnoDB: a locking read through the key's index does not skip a row another
+            # batch locked by its primary key (a claim): find it, then lock it by its
+            # primary key, where SKIP LOCKED sees that lock.
+            found = list(successor.values_list("pk", flat=True))
+            successor = messages.filter(pk__in=found, state=InboxState.SHOULD_BE_HANDLED)
+        waiting = list(successor.select_for_update(skip_locked=True).values_list("pk", flat=True))
         if waiting:
             self.woken += messages.filter(pk__in=waiting).update(available_at=now)
 
@@ -309,11 +312,17 @@ class Handling(Part):
                 row.pk for row in waiting if row.sequence == last.get((row.source, row.key), 0) + 1
             ]
             if ready:
-                self.woken += (
-                    InboxMessage.objects.using(self.using)
-                    .filter(pk__in=ready, state=InboxState.SHOULD_BE_HANDLED)
-                    .update(available_at=clock.now())
+                # A message another transaction holds is being claimed (its batch then
+                # waits for these cursors and sees them moved) or woken already: never
+                # wait for it while holding the cursors.
+                messages = InboxMessage.objects.using(self.using)
+                free = list(
+                    messages.filter(pk__in=ready, state=InboxState.SHOULD_BE_HANDLED)
+                    .select_for_update(skip_locked=True)
+                    .values_list("pk", flat=True)
                 )
+                if free:
+                    self.woken += messages.filter(pk__in=free).update(available_at=clock.now())
 
     # -- recording ---------------------------------------------------------------
 
@@ -375,21 +384,43 @@ class Inbox(LockedRunner):
         return total
 
 
-def ensure_cursors(using: str, rows: Sequence[Any]) -> int:
-    """Create, committed, the missing cursors of the ordered keys among *rows* (messages
-    or anything with ``type``, ``source``, ``key``); returns how many keys were seen."""
+def ensure_cursors(using: str, rows: Iterable[Any]) -> int:
+    """Create the missing cursors of the ordered keys among *rows* (messages, or anything
+    with ``type``, ``source`` and ``key``); returns how many keys were seen."""
+    return ensure_cursors_of(using, ((row.source, row.type, row.key) for row in rows))
+
+
+def ensure_cursors_of(using: str, envelopes: Iterable[tuple[str, str, str | None]]) -> int:
+    """Create the missing cursors of the ordered keys among *envelopes* (``source``,
+    ``type``, ``key``); returns how many keys were seen.
+
+    In (source, key) order, the order every batch locks cursors in: inside a
+    transaction (``inbox_consume``) the new rows' index locks never form a cycle. On
+    MySQL/MariaDB only the missing ones are inserted: ``INSERT IGNORE`` of a key that
+    exists leaves a shared lock on it until the transaction ends, and two batches that
+    each hold one and then lock the cursor for update deadlock (``inbox_consume``
+    creates them committed, before its batch's transaction, for that reason)."""
     keys = set()
-    for row in rows:
-        if row.key is None:
+    for source, type_, key in envelopes:
+        if key is None:
             continue
-        handler = get_handler(row.type)
+        handler = get_handler(type_)
         if handler is not None and handler.ordering is not None:
-            keys.add((row.source, row.key))
-    if keys:
-        # In (source, key) order, the order every batch locks cursors in: inside a
-        # transaction (inbox_consume) the new rows' index locks never form a cycle.
-        InboxCursor.objects.using(using).bulk_create(
-            [InboxCursor(source=source, key=key, last_sequence=0) for source, key in sorted(keys)],
+            keys.add((source, key))
+    if not keys:
+        return 0
+    cursors = InboxCursor.objects.using(using)
+    missing = sorted(keys)
+    if connections[using].vendor == "mysql":
+        existing = set(
+            cursors.filter(source__in={s for s, _ in keys}, key__in={k for _, k in keys})
+            .values_list("source", "key")
+            .order_by()
+        )
+        missing = [pair for pair in missing if pair not in existing]
+    if missing:
+        cursors.bulk_create(
+            [InboxCursor(source=source, key=key, last_sequence=0) for source, key in missing],
             ignore_conflicts=True,
         )
     return len(keys)
@@ -400,4 +431,4 @@ def _handler_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
 
 
-__all__ = ["Handling", "Inbox", "LockedResult", "ensure_cursors"]
+__all__ = ["Handling", "Inbox", "LockedResult", "ensure_cursors", "ensure_cursors_of"]

@@ -32,9 +32,15 @@ from django.db import DataError, IntegrityError, router, transaction
 from django_outbox.conf import Source
 from django_outbox.engine import clock
 from django_outbox.exceptions import InvalidMessage
-from django_outbox.inbox.api import prepare, receive, receive_many
+from django_outbox.inbox.api import (
+    MAX_KEY_LENGTH,
+    MAX_SOURCE_LENGTH,
+    prepare,
+    receive,
+    receive_many,
+)
 from django_outbox.inbox.models import InboxMessage, InboxState
-from django_outbox.validation import escape_control, storable
+from django_outbox.validation import check_text, escape_control, storable
 from django_outbox.wire import (
     HEADER_CORRELATION_ID,
     HEADER_KEY,
@@ -148,6 +154,30 @@ def parse(arrival: Arrival) -> Parsed:
         correlation_id=headers.get(HEADER_CORRELATION_ID) or None,
         headers={k: v for k, v in headers.items() if k not in STANDARD_HEADERS},
     )
+
+
+def ordered_envelopes(arrivals: Sequence[Arrival]) -> list[tuple[str, str, str]]:
+    """``(source, type, key)`` of each arrival that names a valid key, read from its
+    headers alone (the body is not parsed): what ``inbox_consume`` creates the cursors
+    of before its batch's transaction. An arrival found unreadable later only leaves an
+    unused cursor."""
+    envelopes = []
+    for arrival in arrivals:
+        source = arrival.source
+        headers = lower_keys(arrival.headers)
+        key = headers.get(source.header("key", HEADER_KEY)) or None
+        message_type = headers.get(source.header("type", HEADER_TYPE)) or source.options.get(
+            "default_type"
+        )
+        if key is None or not message_type:
+            continue
+        try:
+            check_text("key", key, MAX_KEY_LENGTH)
+            check_text("source", source.name, MAX_SOURCE_LENGTH)
+        except InvalidMessage:
+            continue
+        envelopes.append((source.name, str(message_type), key))
+    return envelopes
 
 
 def store(

@@ -45,8 +45,15 @@ from django_outbox.conf import Source
 from django_outbox.engine import sweeps, triggers
 from django_outbox.engine.retry import retry_transient
 from django_outbox.inbox.consumers.outage import Outage, SourceUnavailable
-from django_outbox.inbox.handling import Handling, Inbox
-from django_outbox.inbox.intake import REFUSED, Arrival, Stored, store_each, store_many
+from django_outbox.inbox.handling import Handling, Inbox, ensure_cursors_of
+from django_outbox.inbox.intake import (
+    REFUSED,
+    Arrival,
+    Stored,
+    ordered_envelopes,
+    store_each,
+    store_many,
+)
 
 logger = logging.getLogger("django_outbox.inbox")
 
@@ -403,6 +410,10 @@ class KombuConsumer:
         need no claim, and a crash rolls back rows and effects together (the broker,
         not yet acknowledged, delivers them again). Returns what was stored and handled."""
         handled = 0
+        if inbox is not None and connections[self.using].vendor == "mysql":
+            # Cursors created committed, before the transaction: there, InnoDB would
+            # keep a shared lock on every cursor that exists (see ensure_cursors_of).
+            ensure_cursors_of(self.using, ordered_envelopes(arrivals))
         with transaction.atomic(using=self.using):
             stored = storer(arrivals, using=self.using)
             if inbox is not None and stored.rows:
