@@ -546,6 +546,8 @@ def comparable(value: Any) -> Any:
     """What decides whether two rows set the same value and may share an UPDATE: the
     value with its type (``True == 1`` in Python, not in a JSON column), and for JSON
     lists and dicts their canonical text."""
+    if type(value) is list and all(type(item) is str for item in value):
+        return ("strings", tuple(value))  # the common case (worker ids), without JSON
     if isinstance(value, list | dict):
         return ("json", json.dumps(value, sort_keys=True, default=str))
     return (type(value), value)
