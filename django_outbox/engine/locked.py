@@ -90,6 +90,8 @@ class Claimed:
     suspects: set[Any]
     #: Rows dead-lettered at claim time: their worker died in every attempt they had.
     worn_out: list[Change]
+    #: Due rows were left unclaimed (a suspect is claimed alone): a drain goes on.
+    cut: bool = False
 
 
 class LockedRunner(Runner):
@@ -101,6 +103,8 @@ class LockedRunner(Runner):
         if part.lifecycle.running is not None:
             raise TypeError(f"{part.name} runs under leases: drive it with a Runner")
         super().__init__(part)
+        #: The last claim left due rows behind (see ``Claimed.cut``).
+        self._cut = False
 
     # -- claim ---------------------------------------------------------------------
 
@@ -108,6 +112,7 @@ class LockedRunner(Runner):
         claimed = retry_transient(
             lambda: self._claim(ids), what=f"{self.part.name} claim", reconnect=self.using
         )
+        self._cut = claimed.cut
         result = self.result_class(claimed=len(claimed.rows), batches=1 if claimed.rows else 0)
         if claimed.worn_out:
             result += self._report(claimed.worn_out, 0)
@@ -145,6 +150,7 @@ class LockedRunner(Runner):
             # A row whose last attempt killed its worker is handled alone, and nothing
             # else is claimed with it: the others would be charged if it kills again.
             alone = next((row for row in rows if row.pk in suspects), None)
+            cut = alone is not None and len(rows) > 1
             if alone is not None:
                 rows = [alone]
             if rows:
@@ -161,7 +167,7 @@ class LockedRunner(Runner):
             row.attempt_open = True
             row.lock_token = lease.token
             row.claimed_by = lease.worker
-        return Claimed(rows, lease, {row.pk for row in rows} & suspects, worn)
+        return Claimed(rows, lease, {row.pk for row in rows} & suspects, worn, cut)
 
     # -- handle --------------------------------------------------------------------
 
@@ -317,7 +323,10 @@ class LockedRunner(Runner):
         return 0
 
     def _more(self, result: RunResult) -> bool:
-        # A full batch of rows that all chose to wait says nothing more is ready.
+        # A batch cut short to handle a suspect alone left due rows behind; a full batch
+        # of rows that all chose to wait says nothing more is ready.
+        if self._cut:
+            return True
         deferred = getattr(result, "deferred", 0)
         return result.claimed >= self.batch_size and result.claimed > deferred
 
