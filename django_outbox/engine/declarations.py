@@ -36,24 +36,32 @@ from django.db import OperationalError, connections
 logger = logging.getLogger("django_outbox.engine")
 
 
+def connect_beside(using: str) -> Any:
+    """A psycopg connection (autocommit) of its own to the PostgreSQL database that
+    Django's *using* reaches, with the same parameters (for LISTEN, and for
+    declarations that must not wait on Django's connection)."""
+    import psycopg
+
+    connection = connections[using]
+    connection.ensure_connection()
+    info = connection.connection.info
+    return psycopg.connect(
+        host=info.host,
+        port=info.port,
+        dbname=info.dbname,
+        user=info.user,
+        password=info.password or None,
+        autocommit=True,
+    )
+
+
 class Pipeline:
     """A connection that sends declarations and reads their answers later."""
 
     def __init__(self, using: str) -> None:
-        import psycopg
 
         self.using = using
-        connection = connections[using]
-        connection.ensure_connection()
-        info = connection.connection.info
-        self.conn = psycopg.connect(
-            host=info.host,
-            port=info.port,
-            dbname=info.dbname,
-            user=info.user,
-            password=info.password or None,
-            autocommit=True,
-        )
+        self.conn = connect_beside(using)
         self.conn.execute("SET synchronous_commit = off")
         self.pg = self.conn.pgconn
         self.pg.enter_pipeline_mode()

@@ -298,7 +298,7 @@ def declare(
     if lease.worker is None:
         return Declared(frozenset(ids), timezone.now())
     if pipelined(using):
-        return _declare_pipelined(model, ids, lease, running_state, using, open_ids or ids)
+        return declare_pipelined(model, ids, lease, running_state, using, open_ids or ids)
     return _declare_on_worker(model, ids, lease, running_state, using, open_ids or ids)
 
 
@@ -308,19 +308,21 @@ def pipelined(using: str) -> bool:
     return bool(transaction.get_connection(using).vendor == "postgresql")
 
 
-def _declare_pipelined(
+def declare_pipelined(
     model: type[models.Model],
     ids: Sequence[Any],
     lease: Lease,
     running_state: str,
     using: str,
     open_ids: Sequence[Any] | str,
+    pipe: Any = None,
 ) -> Declared:
+    """Send the declaration on *pipe* (default: this thread's pipeline to *using*)."""
     from django_outbox.engine import declarations
 
     assert lease.worker is not None
-    pipe = declarations.pipeline(using)
     try:
+        pipe = pipe or declarations.pipeline(using)
         if lease.token in pipe.lost:
             return Declared(frozenset())
         pipe.declare(

@@ -67,19 +67,9 @@ class PostgresWaiter(Waiter):
         self._connect()
 
     def _connect(self) -> None:
-        import psycopg
+        from django_outbox.engine.declarations import connect_beside
 
-        connection = connections[self.using]
-        connection.ensure_connection()
-        info = connection.connection.info
-        self.conn = psycopg.connect(
-            host=info.host,
-            port=info.port,
-            dbname=info.dbname,
-            user=info.user,
-            password=info.password or None,
-            autocommit=True,
-        )
+        self.conn = connect_beside(self.using)
         self.conn.execute(f'LISTEN "{self.channel}"')
 
     def wait(self, seconds: float) -> None:

@@ -40,6 +40,7 @@ from django_outbox.engine.lease import (
     Lease,
     claim,
     declare,
+    declare_pipelined,
     fenced,
     pipelined,
     with_ids,
@@ -173,29 +174,14 @@ class LeaseAttempt:
         from django_outbox.engine import declarations
 
         part = self.runner.part
-        lease = self.lease
-        assert lease.worker is not None
         try:
-            pipe = self._pipe or declarations.pipeline(part.using)
-            self._pipe = pipe
-            if lease.token in pipe.lost:
-                return Declared(frozenset())
-            meta = part.model._meta
-            pipe.declare(
-                meta.db_table,
-                meta.pk.column,
-                ids,
-                listed,
-                lease.token,
-                lease.worker,
-                self.runner.running,
+            self._pipe = self._pipe or declarations.pipeline(part.using)
+            return declare_pipelined(
+                part.model, ids, self.lease, self.runner.running, part.using, listed, self._pipe
             )
         except Exception:
-            self._pipe = None
-            declarations.forget(part.using)
+            self._pipe = None  # the pipeline was dropped: the next start makes another
             raise
-        # The start by this host's clock (the database's arrives with the answer).
-        return Declared(frozenset(ids), timezone.now())
 
     def recorded(self, ids: Sequence[Any]) -> None:
         """The attempts of *ids* have their outcomes recorded: no longer open."""
