@@ -1,6 +1,6 @@
 """Model registry for the ``django_outbox`` app (models live in their subpackages)."""
 
-from django_outbox.engine.models import SweepMark, Worker
+from django_outbox.engine.models import MinuteCount, SweepMark, Worker
 from django_outbox.inbox.models import InboxCursor, InboxMessage, InboxState
 from django_outbox.jobs.models import Job, JobBatch, JobKey, JobState
 from django_outbox.outbox.models import OutboxKey, OutboxMessage, OutboxState
@@ -13,6 +13,7 @@ __all__ = [
     "JobBatch",
     "JobKey",
     "JobState",
+    "MinuteCount",
     "OutboxKey",
     "OutboxMessage",
     "OutboxState",

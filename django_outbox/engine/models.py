@@ -102,3 +102,30 @@ class SweepMark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.part} swept at {self.last_run_at:%Y-%m-%d %H:%M:%S}"
+
+
+class MinuteCount(models.Model):
+    """How many rows of a part reached an outcome in one minute: the health page's chart.
+
+    Workers count outcomes in memory (``engine.telemetry``) and add them here once
+    every ``FLUSH_SECONDS`` or so (one upsert per part and event, never one per row);
+    rows older than ``KEEP_MINUTES`` are deleted by the same flush. ``event`` is one
+    of ``telemetry.EVENTS`` (``done``, ``retried``, ``dead``, ``rescued``...).
+    """
+
+    part = models.CharField(max_length=32)
+    minute = models.DateTimeField(help_text="The minute's start (UTC, seconds zero).")
+    event = models.CharField(max_length=32)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_minute_count"
+        constraints = (
+            models.UniqueConstraint(
+                fields=("part", "minute", "event"), name="outbox_minute_count_unique"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.part} {self.event} {self.minute:%H:%M}: {self.count}"

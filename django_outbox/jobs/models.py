@@ -106,6 +106,9 @@ class Job(EngineRow):
     #: ``run_after`` as enqueued (``available_at`` moves with retries).
     run_after = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
+    #: The W3C ``traceparent`` of the span current at ``enqueue()`` ("" when none): the
+    #: job's run span is linked to it.
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
     unique_key = models.CharField(  # noqa: DJ001
         max_length=255,
         null=True,
