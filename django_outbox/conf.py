@@ -73,6 +73,7 @@ SHARED_DEFAULTS: Mapping[str, Any] = {
     "HEARTBEAT_SECONDS": 1.0,
     "WORKER_TIMEOUT_SECONDS": 3.0,
     "SWEEP_STALE_SECONDS": 60.0,
+    "METRICS": True,
 }
 
 #: Each part's own keys and their defaults (engine keys are allowed on top).
@@ -276,6 +277,8 @@ class Settings:
     #: Job queue name → Celery queue of its triggers (unlisted: the same name;
     #: ``"default"``: Celery's default queue and ``task_routes``).
     jobs_celery_queues: Mapping[str, str] = field(default_factory=dict)
+    #: Prometheus metrics on (when the ``prometheus`` extra is installed).
+    metrics: bool = True
 
     def engine(self, part: str) -> EngineSettings:
         """The engine settings of *part* (``"outbox"``, ``"inbox"``, ``"jobs"``)."""
@@ -445,6 +448,9 @@ def load(raw: Any) -> Settings:
     in_background = raw.get("DISPATCH_IN_BACKGROUND", SHARED_DEFAULTS["DISPATCH_IN_BACKGROUND"])
     if not isinstance(in_background, bool):
         raise ConfigurationError(f"{SETTING_NAME}['DISPATCH_IN_BACKGROUND'] must be True or False")
+    metrics = raw.get("METRICS", SHARED_DEFAULTS["METRICS"])
+    if not isinstance(metrics, bool):
+        raise ConfigurationError(f"{SETTING_NAME}['METRICS'] must be True or False")
     dispatch = _choice(
         raw.get("DISPATCH", SHARED_DEFAULTS["DISPATCH"]),
         DISPATCH_MODES,
@@ -473,6 +479,7 @@ def load(raw: Any) -> Settings:
         inbox=_inbox(raw, base),
         jobs=_jobs(raw, base),
         jobs_celery_queues=_celery_queues(raw),
+        metrics=metrics,
     )
 
 

@@ -49,7 +49,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Exists, OuterRef, Q
 
 from django_outbox.conf import get_settings
-from django_outbox.engine import clock
+from django_outbox.engine import clock, telemetry
 from django_outbox.engine.models import Worker
 
 if TYPE_CHECKING:
@@ -154,6 +154,10 @@ class Heartbeat:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         try:
+            telemetry.flush(self.using)
+        except DatabaseError:
+            logger.warning("could not write the last per-minute counts of %s", self.name)
+        try:
             Worker.objects.using(self.using).filter(pk=self.id).delete()
         except DatabaseError:
             logger.warning("could not remove worker row %s; it will be swept", self.id)
@@ -232,6 +236,11 @@ class Heartbeat:
                 callback()
         if self.beats * config.heartbeat_seconds >= config.sweep_stale_seconds:
             self.check_sweeps()
+        try:
+            telemetry.flush(self.using)
+        except DatabaseError:
+            logger.warning("could not write the per-minute counts; retrying", exc_info=True)
+            connections[self.using].close()
 
     def extend_leases(self) -> int:
         """Renew the leases of the rows a step of this process is running now, for parts

@@ -41,7 +41,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models import F
 
-from django_outbox.engine import clock, heartbeat, transitions
+from django_outbox.engine import clock, heartbeat, telemetry, transitions
 from django_outbox.engine.lease import Lease, with_ids
 from django_outbox.engine.outcomes import Fail, Outcomes
 from django_outbox.engine.part import Part
@@ -288,6 +288,7 @@ class LockedRunner(Runner):
         return result, changes
 
     def _after_commit(self, changes: Sequence[Change]) -> None:
+        telemetry.recorded(self.part, changes)
         self.part.on_recorded(changes)
         done = transitions.rows_of(changes, Transition.MARK_DONE)
         if done:

@@ -31,7 +31,7 @@ from django.db import DatabaseError, connections, models, transaction
 from django.utils import timezone
 
 from django_outbox import conf
-from django_outbox.engine import heartbeat, ordering, transitions
+from django_outbox.engine import heartbeat, ordering, telemetry, transitions
 from django_outbox.engine.lease import (
     IDS,
     ClaimStatement,
@@ -417,6 +417,7 @@ class Runner:
         if part.hooks_see_recorded_values:
             transitions.bring_up_to_date(changes)
         result = self.result_class(fenced=fenced_out)
+        telemetry.recorded(part, changes)
         done = transitions.rows_of(changes, Transition.MARK_DONE)
         result.done = len(done)
         result.retried = sum(1 for c in changes if c.will_retry)

@@ -18,7 +18,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 
 from django_outbox.conf import get_settings
-from django_outbox.engine import clock, transitions
+from django_outbox.engine import clock, telemetry, transitions
 from django_outbox.engine.lease import declared_started
 from django_outbox.engine.models import SweepMark
 from django_outbox.engine.outcomes import Uncertain
@@ -113,6 +113,9 @@ def rescue_stuck(
             ready,
             held,
         )
+        telemetry.rescued(part, result.total)
+        # The attempts the rescue counted as failed (retried, held, dead-lettered).
+        telemetry.recorded(part, failed)
         transitions.bring_up_to_date(failed)
         for change in failed:
             part.on_failed(change.row, change.error, change.will_retry)

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, router, transaction
 
+from django_outbox import metrics
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.insert import fast_insert
 from django_outbox.exceptions import InvalidMessage
@@ -64,14 +65,14 @@ def receive(
         # One statement: INSERT … ON CONFLICT DO NOTHING RETURNING. A duplicate
         # inserts nothing, takes no savepoint and leaves the transaction alone.
         message = _statement(connection).run(connection, row, raw={"payload": text})
-        if message is None:
-            return _stored(using, source, row["message_id"]), False
     else:
         message = _insert_with_savepoint(using, row)
-        if message is None:
-            return _stored(using, source, row["message_id"]), False
+    if message is None:
+        metrics.counted_on_commit("inbox", "duplicates", source, using)
+        return _stored(using, source, row["message_id"]), False
     if trigger:
         triggers.schedule("inbox", using, message.pk)
+    metrics.counted_on_commit("inbox", "received", source, using)
     return message, True
 
 

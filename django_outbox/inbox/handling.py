@@ -18,7 +18,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Q
 
-from django_outbox import signals
+from django_outbox import metrics, signals
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.locked import LockedResult, LockedRunner
 from django_outbox.engine.outcomes import (
@@ -123,6 +123,8 @@ class Handling(Part):
                 "@django_outbox.handler, deploy, then requeue this message"
             )
         keyed = handler.ordering is not None and message.key is not None
+        timed = metrics.enabled()
+        began = time.perf_counter() if timed else 0.0
         try:
             with transaction.atomic(using=self.using) if isolated else nullcontext():
                 if keyed and message.sequence is not None:
@@ -136,6 +138,8 @@ class Handling(Part):
                     reply = handler.function(message)
                 if reply is not None and message.headers.get(HEADER_REPLY_TO):
                     self._reply(message, reply)
+            if timed:
+                metrics.observe_handling(message.source, time.perf_counter() - began)
         except Exception as exc:
             if isinstance(exc, DatabaseError) and (
                 is_transient(exc) or connection_broken(self.using)
@@ -145,6 +149,8 @@ class Handling(Part):
                 raise
             if not isolated:
                 raise _HandlerRaised from exc
+            if timed:
+                metrics.observe_handling(message.source, time.perf_counter() - began)
             # Kept as the row's last_error and traceback: what PostgreSQL cannot store
             # (a NUL) is escaped, or recording the failure would fail the whole batch.
             details = {"traceback": storable(_handler_traceback(exc))}

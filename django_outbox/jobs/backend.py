@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, connections, router, transaction
 from django.utils.module_loading import import_string
 
+from django_outbox import metrics
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.insert import fast_insert
@@ -235,6 +236,8 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
             assert opened is not None
             opened.count += 1
         triggers.schedule(f"jobs:{row['queue_name']}", db, pk)
+        if metrics.enabled():
+            metrics.counted_on_commit("jobs", "enqueued", row["queue_name"], db)
         # What to_result() would make of the new row, without building the row.
         result = compat.TaskResult(
             task=task,

@@ -36,7 +36,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models
 
-from django_outbox import signals
+from django_outbox import metrics, signals
 from django_outbox.engine import clock, heartbeat, triggers
 from django_outbox.engine.outcomes import Done, Fail, Outcome, Outcomes, Retry, Uncertain
 from django_outbox.engine.part import Attempt, KeyOrdering, Part, register
@@ -224,6 +224,10 @@ class Running(Part):
         args = list(row.args)
         if task.takes_context:
             args.insert(0, compat.TaskContext(task_result=result))
+        timed = metrics.enabled()
+        if timed:
+            metrics.counted("jobs", "started", row.queue_name)
+            began = time.perf_counter()
         try:
             value = call_limited(
                 task,
@@ -240,7 +244,11 @@ class Running(Part):
             # only if its retry_on names it: the default, Exception, does not).
             _close_if_unusable(self.using)
             retry = task.retries(exc) if hasattr(task, "retries") else isinstance(exc, Exception)
+            if timed:
+                metrics.observe_run(row.queue_name, time.perf_counter() - began)
             return self._failed(row, exc, retry=retry)
+        if timed:
+            metrics.observe_run(row.queue_name, time.perf_counter() - began)
         try:
             check_return_value(value, row.task_path)
         except TypeError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import OperationalError, connections, router, transaction
 from django.utils import timezone
 
+from django_outbox import metrics
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, ordering, triggers
 from django_outbox.engine.insert import fast_insert
@@ -99,6 +100,8 @@ def send(
             message = _insert(row, text, db, notify)
     if notify is None:
         triggers.schedule("outbox", db, message.pk)
+    if metrics.enabled():
+        metrics.counted_on_commit("outbox", "enqueued", to, db)
     return message
 
 

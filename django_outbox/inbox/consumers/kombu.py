@@ -40,7 +40,7 @@ import kombu
 import kombu.exceptions
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from django_outbox import signals
+from django_outbox import metrics, signals
 from django_outbox.conf import Source
 from django_outbox.engine import sweeps, triggers
 from django_outbox.engine.retry import retry_transient
@@ -348,6 +348,8 @@ class KombuConsumer:
         self.result.duplicates += stored.duplicates
         self.result.unreadable += stored.unreadable
         self.result.handled += handled
+        metrics.counted("inbox", "received", self.source.name, len(stored.rows) + stored.unreadable)
+        metrics.counted("inbox", "duplicates", self.source.name, stored.duplicates)
         signals.emit(
             signals.inbox_batch_stored,
             sender=KombuConsumer,

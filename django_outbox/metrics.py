@@ -1,0 +1,302 @@
+"""Prometheus metrics: the ``prometheus`` extra (``django-outbox-inbox[prometheus]``).
+
+Counters and histograms are updated by the engine as it records outcomes
+(``engine.telemetry``), by ``send()``/``receive()``/``enqueue()`` and by the
+parts' steps; gauges of backlog and age are read from the database when
+Prometheus scrapes, cached for ``GAUGE_CACHE_SECONDS`` (see
+``MetricsCollector``). Every name is listed in ``docs/operations.md``.
+
+Exposed by :func:`metrics_view` (route it yourself, protect it like any
+internal endpoint) and by the long-running commands' ``--metrics-port``.
+Several processes (Celery's prefork pool, gunicorn workers, several relays on a
+host) need prometheus-client's multiprocess mode: set ``PROMETHEUS_MULTIPROC_DIR``
+to an empty directory before any process starts; :func:`registry` then merges
+what every process wrote there.
+
+Without prometheus-client, or with ``DJANGO_OUTBOX['METRICS'] = False``,
+:func:`enabled` is false and nothing here costs more than that check.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+
+from django_outbox.conf import get_settings, on_change
+
+if TYPE_CHECKING:
+    from django_outbox.engine.part import Part
+    from django_outbox.engine.transitions import Change
+
+try:
+    import prometheus_client
+    from prometheus_client import Counter, Histogram
+except ImportError:  # the extra is not installed
+    prometheus_client = None  # type: ignore[assignment]
+
+#: Seconds a scrape's database figures are reused by the next scrapes.
+GAUGE_CACHE_SECONDS = 10.0
+
+#: The label each part's metrics carry: where its rows go, come from or run.
+LABELS = {"outbox": "destination", "inbox": "source", "jobs": "queue"}
+#: The engine's events under each part's own names.
+NAMES = {
+    "outbox": {
+        "done": "sent",
+        "retried": "retried",
+        "dead": "dead_lettered",
+        "held": "held",
+        "rescued": "rescued",
+    },
+    "inbox": {
+        "done": "handled",
+        "retried": "retried",
+        "dead": "dead_lettered",
+        "skipped": "skipped",
+        "rescued": "rescued",
+    },
+    "jobs": {
+        "done": "succeeded",
+        "retried": "retried",
+        "dead": "dead_lettered",
+        "rescued": "rescued",
+    },
+}
+#: What each part counts besides the engine's events.
+EXTRA_COUNTERS = {
+    "outbox": {"enqueued": "messages stored by send()"},
+    "inbox": {
+        "received": "messages stored by receive() and the consumers",
+        "duplicates": "messages refused as already stored (same source and id)",
+    },
+    "jobs": {"enqueued": "jobs stored by enqueue()", "started": "job attempts started"},
+}
+_HELP = {
+    "done": "rows finished successfully",
+    "retried": "failed attempts that will be retried",
+    "dead": "rows dead-lettered (failed for good: waiting for an operator)",
+    "held": "rows held as uncertain (published or not: an operator decides)",
+    "skipped": "rows skipped by their handler or ordering",
+    "rescued": "rows taken back from dead workers or expired leases",
+    "failed": "failed attempts (retried, dead-lettered or held)",
+}
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+_enabled: bool | None = None
+
+
+def enabled() -> bool:
+    """Whether metrics are kept: prometheus-client installed and ``METRICS`` on."""
+    global _enabled
+    if _enabled is None:
+        _enabled = prometheus_client is not None and get_settings().metrics
+    return _enabled
+
+
+def _reset() -> None:
+    global _enabled
+    _enabled = None
+
+
+on_change(_reset)
+
+
+class _Metrics:
+    """Every counter and histogram, made once per process."""
+
+    def __init__(self) -> None:
+        self.events: dict[tuple[str, str], Any] = {}
+        self.failed: dict[str, Any] = {}
+        self.extra: dict[tuple[str, str], Any] = {}
+        for part, names in NAMES.items():
+            label = LABELS[part]
+            for event, name in names.items():
+                labels = () if event == "rescued" else (label,)
+                self.events[part, event] = Counter(
+                    f"django_outbox_{part}_{name}", f"{part}: {_HELP[event]}", labels
+                )
+            self.failed[part] = Counter(
+                f"django_outbox_{part}_failed", f"{part}: {_HELP['failed']}", (label,)
+            )
+            for name, text in EXTRA_COUNTERS[part].items():
+                self.extra[part, name] = Counter(
+                    f"django_outbox_{part}_{name}", f"{part}: {text}", (label,)
+                )
+        self.batch_size = Histogram(
+            "django_outbox_batch_size",
+            "rows recorded together (one group of a claim)",
+            ("part",),
+            buckets=BATCH_BUCKETS,
+        )
+        self.publish_latency = Histogram(
+            "django_outbox_outbox_publish_latency_seconds",
+            "outbox: from the message's commit (its created_at) to its publish being "
+            "recorded, on the relay host's clock",
+            ("destination",),
+            buckets=LATENCY_BUCKETS,
+        )
+        self.handle_duration = Histogram(
+            "django_outbox_inbox_handle_duration_seconds",
+            "inbox: how long one message's handler ran",
+            ("source",),
+            buckets=DURATION_BUCKETS,
+        )
+        self.run_duration = Histogram(
+            "django_outbox_jobs_run_duration_seconds",
+            "jobs: how long one job attempt ran",
+            ("queue",),
+            buckets=DURATION_BUCKETS,
+        )
+
+
+_metrics: _Metrics | None = None
+
+
+def get() -> _Metrics:
+    """The process's metrics (made on first use)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = _Metrics()
+    return _metrics
+
+
+def _label_of(part: str, row: Any) -> str:
+    if part == "outbox":
+        return str(row.destination)
+    if part == "inbox":
+        return str(row.source)
+    return str(row.queue_name)
+
+
+def recorded(part: Part, changes: Sequence[Change]) -> None:
+    """Count a recorded group (``engine.telemetry.recorded`` calls this when enabled)."""
+    from django_outbox.engine.telemetry import _EVENT_OF
+
+    metrics = get()
+    name = part.name
+    counts: dict[tuple[str, str], int] = {}
+    failed: dict[str, int] = {}
+    now = time.time()
+    latency = metrics.publish_latency if name == "outbox" else None
+    for change in changes:
+        event = _EVENT_OF.get(change.transition)
+        if event is None:
+            continue
+        label = _label_of(name, change.row)
+        counts[event, label] = counts.get((event, label), 0) + 1
+        if event in ("retried", "dead", "held"):
+            failed[label] = failed.get(label, 0) + 1
+        elif latency is not None and event == "done":
+            created = getattr(change.row, "created_at", None)
+            if created is not None:
+                latency.labels(label).observe(max(0.0, now - created.timestamp()))
+    for (event, label), number in counts.items():
+        counter = metrics.events.get((name, event))
+        if counter is not None:
+            counter.labels(label).inc(number)
+    for label, number in failed.items():
+        metrics.failed[name].labels(label).inc(number)
+    metrics.batch_size.labels(name).observe(len(changes))
+
+
+def rescued(part: str, number: int) -> None:
+    """Count rows of *part* taken back from dead workers or expired leases."""
+    get().events[part, "rescued"].inc(number)
+
+
+def counted(part: str, name: str, label: str, number: int = 1) -> None:
+    """Count *number* of *part*'s own events (``enqueued``, ``received``...)."""
+    if number > 0 and enabled():
+        get().extra[part, name].labels(label).inc(number)
+
+
+def counted_on_commit(part: str, name: str, label: str, using: str, number: int = 1) -> None:
+    """Count *number* of *part*'s own events once the transaction on *using* commits
+    (at once outside one): a rolled-back ``send()`` is not counted."""
+    if number > 0 and enabled():
+        counter = get().extra[part, name].labels(label)
+        transaction.on_commit(lambda: counter.inc(number), using=using)
+
+
+def observe_handling(source: str, seconds: float) -> None:
+    get().handle_duration.labels(source).observe(seconds)
+
+
+def observe_run(queue: str, seconds: float) -> None:
+    get().run_duration.labels(queue).observe(seconds)
+
+
+# -- exposition ---------------------------------------------------------------
+
+
+def multiprocess_dir() -> str | None:
+    """prometheus-client's multiprocess directory, if this process uses one."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def registry() -> Any:
+    """What a scrape reads: every process's values (multiprocess mode) or this
+    process's, plus the database gauges."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    global _registry
+    if _registry is not None:
+        return _registry
+    if multiprocess_dir():
+        made = CollectorRegistry()
+        multiprocess.MultiProcessCollector(made)  # type: ignore[no-untyped-call]
+    else:
+        made = prometheus_client.REGISTRY
+    made.register(MetricsCollector())
+    _registry = made
+    return made
+
+
+_registry: Any = None
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The metrics in Prometheus' text format (404 when metrics are off)."""
+    from django.http import Http404
+
+    if not enabled():
+        raise Http404("metrics are off (install django-outbox-inbox[prometheus])")
+    get()
+    body = prometheus_client.generate_latest(registry())
+    return HttpResponse(body, content_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve the metrics on *port* from a thread of this process (``--metrics-port``)."""
+    if prometheus_client is None:
+        from django_outbox.exceptions import ConfigurationError
+
+        raise ConfigurationError(
+            "--metrics-port needs prometheus-client: pip install 'django-outbox-inbox[prometheus]'"
+        )
+    get()
+    prometheus_client.start_http_server(port, addr=addr, registry=registry())
+
+
+class MetricsCollector:
+    """Gauges read from the database at scrape time, cached ``GAUGE_CACHE_SECONDS``."""
+
+    def __init__(self) -> None:
+        self._cached: list[Any] = []
+        self._at = 0.0
+
+    def collect(self) -> Iterator[Any]:
+        if time.monotonic() - self._at >= GAUGE_CACHE_SECONDS or not self._cached:
+            self._cached = list(self._read())
+            self._at = time.monotonic()
+        yield from self._cached
+
+    def _read(self) -> Iterator[Any]:
+        return iter(())
