@@ -262,6 +262,29 @@ class Part:
 
     # -- hooks (signals, logs); no-ops by default ------------------------------
 
+    def log_fields(self, row: Any) -> dict[str, Any]:
+        """The structured fields of a log line about *row*, passed as ``extra`` so JSON
+        loggers and Sentry index them: ``part``, ``id`` (the id people search for),
+        ``type`` (or the task), where it goes or comes from (``destination``, ``source``,
+        ``queue``), ``key``, ``attempt`` and ``worker`` (this process's worker id)."""
+        from django_outbox.engine import heartbeat
+
+        worker = heartbeat.current_worker_id()
+        return {
+            "part": self.name,
+            "id": str(row.pk),
+            "attempt": getattr(row, "attempts", None),
+            "worker": str(worker) if worker is not None else None,
+        }
+
+    def log_failure(self, row: Any, text: str, will_retry: bool, *args: Any) -> None:
+        """One line per failed attempt: WARNING while it will be retried, ERROR once
+        when it is dead-lettered (or held); with :meth:`log_fields`."""
+        level = logging.WARNING if will_retry else logging.ERROR
+        fields = self.log_fields(row)
+        fields["will_retry"] = will_retry
+        self.logger.log(level, text, *args, extra=fields)
+
     def on_done(self, rows: Sequence[Any]) -> None:
         """Called with the rows this process recorded as done."""
 

@@ -339,15 +339,24 @@ class Handling(Part):
         return {"traceback": str((outcome.details or {}).get("traceback", ""))}
 
     def on_done(self, rows: Sequence[Any]) -> None:
-        self.logger.info("handled %d inbox message(s)", len(rows))
+        self.logger.info(
+            "handled %d inbox message(s)", len(rows), extra={"part": self.name, "count": len(rows)}
+        )
         for row in rows:
             self.logger.debug("handled %s (%s from %s)", row.message_id, row.type, row.source)
         signals.emit(signals.inbox_messages_handled, sender=Handling, messages=list(rows))
 
+    def log_fields(self, row: Any) -> dict[str, Any]:
+        fields = super().log_fields(row)
+        fields.update(id=row.message_id, type=row.type, source=row.source, key=row.key)
+        return fields
+
     def on_failed(self, row: Any, error: str, will_retry: bool) -> None:
         outcome = "will retry" if will_retry else "moved to handle_error"
-        self.logger.warning(
+        self.log_failure(
+            row,
             "inbox message %s (%s from %s) attempt %d failed, %s: %s",
+            will_retry,
             row.message_id,
             row.type,
             row.source,

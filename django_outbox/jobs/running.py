@@ -364,23 +364,19 @@ class Running(Part):
                 # Recorded all the same; the sweep completes the batch.
                 self.logger.exception("completing batches %s failed; the sweep will", touched)
 
+    def log_fields(self, row: Any) -> dict[str, Any]:
+        fields = super().log_fields(row)
+        fields.update(
+            id=str(row.result_id), task=row.task_path, queue=row.queue_name, key=row.serial_key
+        )
+        return fields
+
     def on_failed(self, row: Any, error: str, will_retry: bool) -> None:
         if will_retry:
-            self.logger.warning(
-                "job %s (%s) attempt %d failed, will retry: %s",
-                row.result_id,
-                row.task_path,
-                row.attempts,
-                error,
-            )
+            text = "job %s (%s) attempt %d failed, will retry: %s"
         else:
-            self.logger.error(
-                "job %s (%s) FAILED after attempt %d: %s",
-                row.result_id,
-                row.task_path,
-                row.attempts,
-                error,
-            )
+            text = "job %s (%s) FAILED after attempt %d: %s"
+        self.log_failure(row, text, will_retry, row.result_id, row.task_path, row.attempts, error)
         signals.emit(
             signals.job_failed, sender=Running, job=row, error=error, will_retry=will_retry
         )

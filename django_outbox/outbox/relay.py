@@ -187,14 +187,28 @@ class Publishing(Part):
         for row in rows:
             counts[row.destination] += 1
         for destination, count in counts.items():
-            self.logger.info("sent %d message(s) to %r", count, destination)
+            self.logger.info(
+                "sent %d message(s) to %r",
+                count,
+                destination,
+                extra={"part": self.name, "destination": destination, "count": count},
+            )
         if self.logger.isEnabledFor(10):  # DEBUG: one line per message
             for row in rows:
                 self.logger.debug("sent %s (%s → %s)", row.message_id, row.type, row.destination)
 
+    def log_fields(self, row: Any) -> dict[str, Any]:
+        fields = super().log_fields(row)
+        fields.update(
+            id=str(row.message_id), type=row.type, destination=row.destination, key=row.key
+        )
+        return fields
+
     def on_failed(self, row: Any, error: str, will_retry: bool) -> None:
-        self.logger.warning(
+        self.log_failure(
+            row,
             "message %s (%s → %s) attempt %d failed%s: %s",
+            will_retry,
             row.message_id,
             row.type,
             row.destination,
