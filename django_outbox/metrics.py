@@ -285,6 +285,15 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
     prometheus_client.start_http_server(port, addr=addr, registry=registry())
 
 
+def process_exited(pid: int) -> None:
+    """Tell prometheus-client's multiprocess mode that process *pid* is gone (its
+    counters stay summed in; its live gauges are dropped). A no-op otherwise."""
+    if prometheus_client is not None and multiprocess_dir():
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
 class MetricsCollector:
     """Gauges read from the database at scrape time, cached ``GAUGE_CACHE_SECONDS``."""
 

@@ -19,6 +19,7 @@ comes back at the sweep's pace, not redelivered at once, forever.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from celery import Task, shared_task
@@ -51,9 +52,13 @@ def _beat_from_the_start(**kwargs: Any) -> None:
 
 
 @worker_process_shutdown.connect(weak=False)
-def _stop_beating(**kwargs: Any) -> None:
-    """A worker process that exits cleanly leaves nothing to rescue."""
+def _stop_beating(pid: int | None = None, **kwargs: Any) -> None:
+    """A worker process that exits cleanly leaves nothing to rescue (its last counts
+    are flushed by the heartbeat's stop), and its live Prometheus gauges go with it."""
     heartbeat.stop()
+    from django_outbox import metrics
+
+    metrics.process_exited(pid or os.getpid())
 
 
 def _deliver(runner: Runner, ids: list[int], trigger: str) -> dict[str, int]:

@@ -28,6 +28,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    """A TCP port, 1 to 65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), got {value}")
+    return value
+
+
 def message_ref(text: str) -> int | uuid.UUID:
     """A row id (integer) or a message or result id (UUID)."""
     try:

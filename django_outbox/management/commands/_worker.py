@@ -8,12 +8,13 @@ import signal
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.engine.loop import WorkerLoop
 from django_outbox.engine.runner import Runner, RunResult
-from django_outbox.management.commands._args import non_negative_float, positive_int
+from django_outbox.exceptions import ConfigurationError
+from django_outbox.management.commands._args import non_negative_float, port_number, positive_int
 
 
 class WorkerCommand(BaseCommand):
@@ -48,6 +49,7 @@ class WorkerCommand(BaseCommand):
         parser.add_argument(
             "--json", action="store_true", help="Print the exit summary as one JSON object."
         )
+        add_metrics_port(parser)
 
     def runner(self, options: dict[str, Any]) -> Runner:
         raise NotImplementedError
@@ -56,6 +58,7 @@ class WorkerCommand(BaseCommand):
         raise NotImplementedError
 
     def handle(self, *args: Any, **options: Any) -> None:
+        serve_metrics(options)
         runner = self.runner(options)
         worker = WorkerLoop(
             runner,
@@ -84,3 +87,25 @@ class WorkerCommand(BaseCommand):
 
     def _report(self, result: RunResult) -> None:
         self.stdout.write(json.dumps(result.as_dict(), sort_keys=True))
+
+
+def add_metrics_port(parser: CommandParser) -> None:
+    """The ``--metrics-port`` option of every long-running command."""
+    parser.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="Serve Prometheus metrics on this port (needs the 'prometheus' extra; with "
+        "several processes on a host, set PROMETHEUS_MULTIPROC_DIR).",
+    )
+
+
+def serve_metrics(options: dict[str, Any]) -> None:
+    """Start the metrics endpoint if ``--metrics-port`` was given."""
+    if options.get("metrics_port") is not None:
+        from django_outbox import metrics
+
+        try:
+            metrics.serve(options["metrics_port"])
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from exc

@@ -27,6 +27,7 @@ from django_outbox.inbox.consumers.kombu import ConsumeResult, KombuConsumer
 from django_outbox.inbox.consumers.outage import SourceUnavailable
 from django_outbox.inbox.handling import Inbox
 from django_outbox.management.commands._args import non_negative_float, positive_int
+from django_outbox.management.commands._worker import add_metrics_port, serve_metrics
 from django_outbox.outbox.transports.local import local_sources
 
 #: How messages of the sources this command does not consume arrive.
@@ -100,8 +101,10 @@ class Command(BaseCommand):
             "'inf': never).",
         )
         parser.add_argument("--json", action="store_true", help="Print the summary as JSON.")
+        add_metrics_port(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        serve_metrics(options)
         config = get_settings()
         inbox = config.inbox
         # Sources whose messages need no consumer: this service's own outbox stores them.
