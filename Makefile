@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs chaos
+.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -120,6 +120,11 @@ bench-inbox: $(VENV)/.installed
 bench-jobs: $(VENV)/.installed
 	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 20000 --repeat 3
+
+# What counting costs send(), the relay, the inbox and the jobs (telemetry off, the
+# health page's per-minute tally, Prometheus metrics), in rounds that take turns.
+bench-telemetry: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.telemetry --items 5000 --rounds 5
 
 bench-admin: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 5000000 --repeat 5
