@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -20,7 +22,7 @@ from django_outbox.jobs.models import Job, JobState
 from django_outbox.models import OutboxMessage, OutboxState
 from testproject.shop import jobs
 from tests.acceptance.helpers import finish, read_as_it_comes, wait_for
-from tests.conftest import spawn_manage, subprocess_env
+from tests.conftest import ROOT, spawn_manage, subprocess_env
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -139,3 +141,92 @@ def test_scraped_counters_match_the_database_after_real_workers_ran(configure_ou
     assert minute_total("outbox", "dead") == dead
     assert minute_total("jobs", "done") == succeeded
     assert minute_total("jobs", "dead") == failed
+
+
+@pytest.mark.redis
+def test_a_celery_prefork_pool_counts_in_its_children_and_a_scrape_sums_them(
+    configure_outbox, queue_name, tmp_path, monkeypatch
+):
+    """Two prefork children deliver the on-commit triggers; what each counted is in the
+    multiprocess directory, and a scrape of it (the web process's view) sums them."""
+    from celery import current_app
+    from celery.app.routes import Router, prepare
+
+    from django_outbox import metrics
+
+    # Small batches, a slow transport and a short drain budget: each task does little
+    # and hands the rest on, so both children of the pool take part.
+    configure_outbox(
+        DESTINATIONS={
+            "default": {"TRANSPORT": "tests.support.SlowTransport", "DELAY": 0.02},
+            "broken": {"TRANSPORT": "tests.support.ScriptedTransport"},
+        },
+        DISPATCH="celery",
+        DISPATCH_IN_BACKGROUND=False,
+        MAX_ATTEMPTS=1,
+        BATCH_SIZE=2,
+        DRAIN_SECONDS=0.05,
+    )
+    app = current_app._get_current_object()
+    routes = prepare({"django_outbox.*": {"queue": queue_name}})
+    monkeypatch.setattr(
+        app.amqp, "router", Router(routes, app.amqp.queues, create_missing=True, app=app)
+    )
+    env = subprocess_env(PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    celery = read_as_it_comes(
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "celery", "-A", "testproject", "worker"),
+                *("--pool=prefork", "--concurrency=2", "-Q", queue_name),
+                *("--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    )
+    try:
+        for n in range(40):  # one transaction, one trigger each: both children take some
+            with transaction.atomic():
+                if n % 8 == 0:
+                    django_outbox.send("order.created", {"fail": "permanent"}, to="broken")
+                else:
+                    django_outbox.send("order.created", {"n": n})
+        wait_for(
+            lambda: (
+                not OutboxMessage.objects.filter(
+                    state__in=(OutboxState.SHOULD_BE_SENT, OutboxState.SENDING)
+                ).exists()
+            ),
+            timeout=60,
+            what="the Celery pool to deliver every message",
+        )
+        sent = OutboxMessage.objects.filter(state=OutboxState.SENT).count()
+        dead = OutboxMessage.objects.filter(state=OutboxState.SEND_ERROR).count()
+        assert (sent, dead) == (35, 5)
+
+        # The web process's view of the same directory.
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        monkeypatch.setattr(metrics, "_registry", None)
+        from prometheus_client import generate_latest
+
+        def scraped():
+            text = generate_latest(metrics.registry()).decode()
+            got = {}
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    got[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
+            counts = (
+                value(got, "django_outbox_outbox_sent_total", destination="default"),
+                value(got, "django_outbox_outbox_dead_lettered_total", destination="broken"),
+            )
+            return counts == (sent, dead)
+
+        wait_for(scraped, timeout=10, what="the multiprocess sums to match the database")
+        # More than one process wrote counters (the pool's two children).
+        assert len(list(tmp_path.glob("counter_*.db"))) >= 2
+    finally:
+        finish(celery, signal.SIGTERM)
+        monkeypatch.setattr(metrics, "_registry", None)
