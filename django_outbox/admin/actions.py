@@ -14,7 +14,7 @@ from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -23,6 +23,20 @@ from django.utils.functional import cached_property
 
 from django_outbox.engine import operator
 from django_outbox.engine.operator import Verb
+
+#: The largest primary key a row can have (the tables' ids are 64-bit signed integers).
+MAX_ROW_ID = 2**63 - 1
+
+
+def row_id(text: str) -> int | None:
+    """The row id *text* spells, written as the admin writes one (ASCII digits, no sign,
+    no leading zero, no spaces, at most ``MAX_ROW_ID``), else ``None``: ``int()`` would
+    take ``" 1"``, ``"+1"``, ``"1_0"`` or Arabic-Indic digits, and a number past 64 bits
+    fails in the database instead of finding nothing."""
+    if not (text.isascii() and text.isdigit()) or text.startswith("0"):
+        return None
+    value = int(text)
+    return value if value <= MAX_ROW_ID else None
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,15 @@ class OperatorActions:
                 if found.part == self.part_name:
                     self.message_user(request, found.describe(), messages.WARNING)
         return super().changelist_view(request, extra_context)  # type: ignore[misc,no-any-return]
+
+    def response_action(self: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        """Django's, for a list action the user may take on selected row ids: a forged id
+        that is not one is a 400 (Django's ``pk__in`` filter raised a 500)."""
+        if request.POST.get("action") in self.get_actions(request):
+            selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+            if any(row_id(value) is None for value in selected):
+                raise BadRequest("the selected rows must be given by their row ids")
+        return super().response_action(request, queryset)  # type: ignore[misc]
 
     def state_actions(self) -> dict[str, list[str]]:
         """Every state of the rows, with the actions an operator may take from it."""
@@ -204,12 +227,20 @@ class OperatorActions:
 
     def act_on_one(self: Any, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
         action = self.operator_actions[name]
-        if not self.has_action_permission(request, action):
+        # The permissions first, with the same answer for any id: a user who may not act
+        # learns nothing, not even which rows exist. Acting needs the list's permission
+        # too (view), as the list's actions do.
+        if not (
+            self.has_view_or_change_permission(request)
+            and self.has_action_permission(request, action)
+        ):
             raise PermissionDenied
-        obj = self.get_object(request, unquote(object_id))
-        if obj is None:
-            raise Http404(f"no {self.model._meta.verbose_name} with id {object_id!r}")
         meta = self.model._meta
+        pk = row_id(unquote(object_id))
+        obj = None if pk is None else self.get_object(request, str(pk))
+        if obj is None:
+            # One answer for a malformed id and a missing row.
+            raise Http404(f"No {meta.verbose_name} has this id.")
         page = reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[obj.pk])
         if request.method != "POST":
             if not action.final:
@@ -240,8 +271,11 @@ class OperatorActions:
     ) -> HttpResponse:
         """The row's page, with a button for each action its state allows and the operator
         may take."""
-        obj = self.get_object(request, unquote(object_id))
         buttons = []
+        # Django's own view refuses a user without the view permission: nothing is read.
+        obj = None
+        if self.has_view_or_change_permission(request):
+            obj = self.get_object(request, unquote(object_id))
         if obj is not None:
             meta = self.model._meta
             for name, action in self.operator_actions.items():
