@@ -89,6 +89,26 @@ def _check_signatures(config: Settings) -> list[checks.CheckMessage]:
     ]
 
 
+#: A ``HEALTH['TOKEN']`` shorter than this is reported (W021).
+HEALTH_TOKEN_MIN_CHARS = 32
+
+
+def _check_health(config: Settings) -> list[checks.CheckMessage]:
+    token = config.health.token
+    if not token or len(token) >= HEALTH_TOKEN_MIN_CHARS:
+        return []
+    return [
+        checks.Warning(
+            f"{SETTING_NAME}['HEALTH']['TOKEN'] is {len(token)} characters long: whoever "
+            "guesses it reads the health probe's figures (names of destinations, sources, "
+            "tasks and workers, and error texts)",
+            hint=f"Use at least {HEALTH_TOKEN_MIN_CHARS} random characters, e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
+            id="django_outbox.W021",
+        )
+    ]
+
+
 #: The jobs backend, as ``TASKS`` names it (the second spelling is its module's).
 JOBS_BACKEND = "django_outbox.jobs.JobsBackend"
 _JOBS_BACKEND_PATHS = (JOBS_BACKEND, "django_outbox.jobs.backend.JobsBackend")
@@ -256,6 +276,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             continue
         problems.extend(cls.check(destination))
     problems += _check_signatures(config)
+    problems += _check_health(config)
     for alias in connections:
         connection = connections[alias]
         mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))

@@ -10,6 +10,8 @@ One dict, in sections::
         "OUTBOX": {"DESTINATIONS": {...}, "MAX_PAYLOAD_BYTES": 262144},
         "INBOX": {...},
         "JOBS": {...},
+        # the health probe's token and the thresholds of its checks
+        "HEALTH": {"TOKEN": "...", "OLDEST_DUE_WARNING_SECONDS": 60.0},
     }
 
 Settings are read lazily and re-read when Django's ``setting_changed`` signal
@@ -83,6 +85,19 @@ SECTION_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "JOBS": {"CELERY_QUEUES": {}},
 }
 
+#: The ``HEALTH`` section: who may read the health probe, and when its checks warn or
+#: go critical (``django_outbox.health.status``).
+HEALTH_DEFAULTS: Mapping[str, Any] = {
+    "TOKEN": "",
+    "OLDEST_DUE_WARNING_SECONDS": 60.0,
+    "OLDEST_DUE_CRITICAL_SECONDS": 600.0,
+    "DEAD_LETTERED_MINUTES": 15,
+    "DEAD_LETTERED_WARNING": 1,
+    "DEAD_LETTERED_CRITICAL": 100,
+    "NO_WORKER_SECONDS": 30.0,
+    "SWEEP_LATE_CRITICAL_SECONDS": 600.0,
+}
+
 #: Keys of the flat layout before sections existed, and what to do instead.
 MOVED_KEYS: Mapping[str, str] = {
     "DESTINATIONS": f"set {SETTING_NAME}['OUTBOX']['DESTINATIONS'] instead",
@@ -111,6 +126,14 @@ MAXIMUMS: Mapping[str, float] = {
     "BATCH_SIZE": 100_000,
     "PURGE_BATCH_SIZE": 1_000_000,
     "MAX_ATTEMPTS": 1_000_000,
+    "OLDEST_DUE_WARNING_SECONDS": 30 * 86_400,
+    "OLDEST_DUE_CRITICAL_SECONDS": 30 * 86_400,
+    # The per-minute counts are kept two hours (engine.telemetry.KEEP_MINUTES).
+    "DEAD_LETTERED_MINUTES": 120,
+    "DEAD_LETTERED_WARNING": 1_000_000_000,
+    "DEAD_LETTERED_CRITICAL": 1_000_000_000,
+    "NO_WORKER_SECONDS": 86_400,
+    "SWEEP_LATE_CRITICAL_SECONDS": 30 * 86_400,
 }
 
 #: Lower bounds (inclusive) of the numeric keys.
@@ -125,10 +148,22 @@ MINIMUMS: Mapping[str, float] = {
     "HEARTBEAT_SECONDS": 0.05,
     "WORKER_TIMEOUT_SECONDS": 0.1,
     "SWEEP_STALE_SECONDS": 1,
+    "DEAD_LETTERED_MINUTES": 1,
+    "DEAD_LETTERED_WARNING": 1,
+    "DEAD_LETTERED_CRITICAL": 1,
 }
 
 _INTEGER_KEYS = frozenset(
-    {"BATCH_SIZE", "MAX_ATTEMPTS", "PURGE_BATCH_SIZE", "MAX_PAYLOAD_BYTES", "MAX_BODY_BYTES"}
+    {
+        "BATCH_SIZE",
+        "MAX_ATTEMPTS",
+        "PURGE_BATCH_SIZE",
+        "MAX_PAYLOAD_BYTES",
+        "MAX_BODY_BYTES",
+        "DEAD_LETTERED_MINUTES",
+        "DEAD_LETTERED_WARNING",
+        "DEAD_LETTERED_CRITICAL",
+    }
 )
 
 
@@ -261,6 +296,30 @@ class InboxSettings:
 
 
 @dataclass(frozen=True)
+class HealthSettings:
+    """The ``HEALTH`` section: the probe's token and the thresholds of the health checks
+    (``django_outbox.health.status``); every part is judged by the same ones."""
+
+    #: A caller sending ``Authorization: Bearer <TOKEN>`` may read the probe; ``""``:
+    #: staff sessions only.
+    token: str = ""
+    #: The oldest due row has waited this long: warning, then critical.
+    oldest_due_warning_seconds: float = 60.0
+    oldest_due_critical_seconds: float = 600.0
+    #: Rows dead-lettered (or held as uncertain) in the last this many minutes...
+    dead_lettered_minutes: int = 15
+    #: ...from this many on: warning, then critical.
+    dead_lettered_warning: int = 1
+    dead_lettered_critical: int = 100
+    #: Rows have been due (or waited for a rescue) this long with no live worker for
+    #: their part: critical.
+    no_worker_seconds: float = 30.0
+    #: A part's sweep is late after ``SWEEP_STALE_SECONDS`` (warning), and critical
+    #: after this.
+    sweep_late_critical_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
 class Settings:
     """The validated ``DJANGO_OUTBOX`` setting."""
 
@@ -279,6 +338,8 @@ class Settings:
     jobs_celery_queues: Mapping[str, str] = field(default_factory=dict)
     #: Prometheus metrics on (when the ``prometheus`` extra is installed).
     metrics: bool = True
+    #: The health probe's token and the health checks' thresholds.
+    health: HealthSettings = field(default_factory=HealthSettings)
 
     def engine(self, part: str) -> EngineSettings:
         """The engine settings of *part* (``"outbox"``, ``"inbox"``, ``"jobs"``)."""
@@ -440,7 +501,9 @@ def load(raw: Any) -> Settings:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigurationError(f"{SETTING_NAME} must be a dict, got {type(raw).__name__}")
-    _check_keys(raw, {*SHARED_DEFAULTS, *ENGINE_DEFAULTS, *SECTION_DEFAULTS}, SETTING_NAME)
+    _check_keys(
+        raw, {*SHARED_DEFAULTS, *ENGINE_DEFAULTS, *SECTION_DEFAULTS, "HEALTH"}, SETTING_NAME
+    )
     base = _engine(raw, EngineSettings(), SETTING_NAME)
     channel = raw.get("NOTIFY_CHANNEL", SHARED_DEFAULTS["NOTIFY_CHANNEL"])
     if not isinstance(channel, str) or not channel.isidentifier():
@@ -480,7 +543,40 @@ def load(raw: Any) -> Settings:
         jobs=_jobs(raw, base),
         jobs_celery_queues=_celery_queues(raw),
         metrics=metrics,
+        health=_health(raw, shared("SWEEP_STALE_SECONDS")),
     )
+
+
+def _health(raw: Mapping[str, Any], sweep_stale_seconds: float) -> HealthSettings:
+    path = f"{SETTING_NAME}['HEALTH']"
+    section = raw.get("HEALTH", {})
+    if not isinstance(section, Mapping):
+        raise ConfigurationError(f"{path} must be a dict, got {type(section).__name__}")
+    _check_keys(section, HEALTH_DEFAULTS, path)
+    token = section.get("TOKEN", HEALTH_DEFAULTS["TOKEN"])
+    if not isinstance(token, str):
+        raise ConfigurationError(f"{path}['TOKEN'] must be a string, got {type(token).__name__}")
+    values = {
+        key.lower(): _number(section, key, default, path)
+        for key, default in HEALTH_DEFAULTS.items()
+        if key != "TOKEN"
+    }
+    for warning, critical in (
+        ("OLDEST_DUE_WARNING_SECONDS", "OLDEST_DUE_CRITICAL_SECONDS"),
+        ("DEAD_LETTERED_WARNING", "DEAD_LETTERED_CRITICAL"),
+    ):
+        if values[critical.lower()] < values[warning.lower()]:
+            raise ConfigurationError(
+                f"{path}['{critical}'] ({values[critical.lower()]:g}) must be at least "
+                f"{warning} ({values[warning.lower()]:g})"
+            )
+    if values["sweep_late_critical_seconds"] < sweep_stale_seconds:
+        raise ConfigurationError(
+            f"{path}['SWEEP_LATE_CRITICAL_SECONDS'] ({values['sweep_late_critical_seconds']:g}) "
+            f"must be at least SWEEP_STALE_SECONDS ({sweep_stale_seconds:g}), when a late "
+            "sweep starts to warn"
+        )
+    return HealthSettings(token=token, **values)
 
 
 #: Jobs run their code, not a publish: unless MAX_ATTEMPTS is set (at the top or

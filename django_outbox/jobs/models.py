@@ -203,6 +203,15 @@ class Job(EngineRow):
                 name="outbox_job_finished_idx",
             ),
             models.Index(fields=("task_path", "state"), name="outbox_job_task_idx"),
+            # The health page's figures (``django_outbox.health``) and the admin's list of
+            # failed jobs: the FAILED jobs, newest first, and the jobs parked behind a
+            # failed one of their serial key. PostgreSQL and SQLite only (migration 0016).
+            models.Index(fields=("id",), condition=Q(state="FAILED"), name="outbox_job_failed_idx"),
+            models.Index(
+                fields=("serial_key",),
+                condition=Q(state="READY", blocked=True),
+                name="outbox_job_parked_idx",
+            ),
         )
         # The unique key of active jobs is a partial unique index created by the
         # migration (0008) on PostgreSQL and SQLite; MySQL/MariaDB have no partial

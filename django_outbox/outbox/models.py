@@ -142,6 +142,19 @@ class OutboxMessage(EngineRow):
             models.Index(
                 fields=("id",), condition=Q(state="send_error"), name="outbox_msg_error_idx"
             ),
+            # The health page's figures (``django_outbox.health``): the messages parked
+            # behind a failed key, and the failed ones held as uncertain. Rows enter
+            # them rarely; PostgreSQL and SQLite only (migration 0016).
+            models.Index(
+                fields=("destination", "key"),
+                condition=Q(state="should_be_sent", blocked=True),
+                name="outbox_msg_parked_idx",
+            ),
+            models.Index(
+                fields=("id",),
+                condition=Q(state="send_error", uncertain=True),
+                name="outbox_msg_uncertain_idx",
+            ),
         )
         constraints = (
             models.CheckConstraint(
