@@ -7,4 +7,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("inbox/", include("django_outbox.urls")),
     path("metrics/", metrics_view),
+    path("outbox/health/", include("django_outbox.health.urls")),
 ]
