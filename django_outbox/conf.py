@@ -76,6 +76,7 @@ SHARED_DEFAULTS: Mapping[str, Any] = {
     "WORKER_TIMEOUT_SECONDS": 3.0,
     "SWEEP_STALE_SECONDS": 60.0,
     "METRICS": True,
+    "TRACING": True,
 }
 
 #: Each part's own keys and their defaults (engine keys are allowed on top).
@@ -338,6 +339,9 @@ class Settings:
     jobs_celery_queues: Mapping[str, str] = field(default_factory=dict)
     #: Prometheus metrics on (when the ``prometheus`` extra is installed).
     metrics: bool = True
+    #: Trace context stored and carried, spans made (when the ``opentelemetry`` extra is
+    #: installed).
+    tracing: bool = True
     #: The health probe's token and the health checks' thresholds.
     health: HealthSettings = field(default_factory=HealthSettings)
 
@@ -514,6 +518,9 @@ def load(raw: Any) -> Settings:
     metrics = raw.get("METRICS", SHARED_DEFAULTS["METRICS"])
     if not isinstance(metrics, bool):
         raise ConfigurationError(f"{SETTING_NAME}['METRICS'] must be True or False")
+    tracing = raw.get("TRACING", SHARED_DEFAULTS["TRACING"])
+    if not isinstance(tracing, bool):
+        raise ConfigurationError(f"{SETTING_NAME}['TRACING'] must be True or False")
     dispatch = _choice(
         raw.get("DISPATCH", SHARED_DEFAULTS["DISPATCH"]),
         DISPATCH_MODES,
@@ -543,6 +550,7 @@ def load(raw: Any) -> Settings:
         jobs=_jobs(raw, base),
         jobs_celery_queues=_celery_queues(raw),
         metrics=metrics,
+        tracing=tracing,
         health=_health(raw, shared("SWEEP_STALE_SECONDS")),
     )
 
