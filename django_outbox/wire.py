@@ -34,6 +34,13 @@ STANDARD_HEADERS = frozenset(
     }
 )
 
+#: Trace propagation headers: W3C Trace Context (``traceparent``, ``tracestate``), W3C
+#: Baggage and Sentry's ``sentry-trace``. Every transport carries them like any header
+#: of the message; the consumers that read only the ``outbox-*`` headers (the Celery task,
+#: the webhook view) read these too. They are not signed: they decide nothing about the
+#: message (see docs/operations.md, "Tracing").
+TRACE_HEADERS = ("traceparent", "tracestate", "baggage", "sentry-trace")
+
 
 def lower_keys(headers: Mapping[Any, Any] | None) -> dict[str, str]:
     """Headers with lower-case string names and string values (HTTP is case-blind)."""

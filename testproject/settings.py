@@ -3,6 +3,7 @@
 DATABASE_URL        default: SQLite file under var/
 CELERY_BROKER_URL   default: kombu's filesystem transport under var/ (no services needed)
 OUTBOX_BROKER_URL   where the "default" destination publishes; default: like the Celery broker
+TESTPROJECT_SPANS_FILE  record OpenTelemetry spans there, one JSON line each (testproject.tracing)
 """
 
 import os
@@ -170,3 +171,9 @@ LOGGING = {
         "django_tasks": {"level": "WARNING"},
     },
 }
+
+# Tests with real processes: TESTPROJECT_SPANS_FILE records each process's spans there.
+if os.environ.get("TESTPROJECT_SPANS_FILE"):
+    from testproject.tracing import configure_from_environment
+
+    configure_from_environment()

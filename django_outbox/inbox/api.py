@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, router, transaction
 
-from django_outbox import metrics
+from django_outbox import metrics, tracing
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.insert import fast_insert
 from django_outbox.exceptions import InvalidMessage
@@ -105,6 +105,8 @@ def prepare(
     if sequence is not None and key is None:
         raise InvalidMessage("a sequence needs a key: it orders the messages of one key")
     header_map = check_headers(headers)
+    if tracing.enabled():
+        tracing.inject(header_map)
     text, _ = encode_json(payload, what=f"payload of {type!r}")
     row = {
         "source": source,

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Q
 
-from django_outbox import metrics, signals
+from django_outbox import metrics, signals, tracing
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.locked import LockedResult, LockedRunner
 from django_outbox.engine.outcomes import (
@@ -126,7 +126,11 @@ class Handling(Part):
         timed = metrics.enabled()
         began = time.perf_counter() if timed else 0.0
         try:
-            with transaction.atomic(using=self.using) if isolated else nullcontext():
+            # The handler's span is current while it runs (its exception is recorded).
+            with (
+                tracing.handling(message),
+                transaction.atomic(using=self.using) if isolated else nullcontext(),
+            ):
                 if keyed and message.sequence is not None:
                     cursor = self._cursor(message)
                     verdict = self._order(message, handler, cursor)

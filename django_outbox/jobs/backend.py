@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, connections, router, transaction
 from django.utils.module_loading import import_string
 
-from django_outbox import metrics
+from django_outbox import metrics, tracing
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, triggers
 from django_outbox.engine.insert import fast_insert
@@ -191,6 +191,10 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
             "unique_key": key_of(options, "unique_key", args, kwargs) if options else None,
             "serial_key": key_of(options, "serial_key", args, kwargs) if options else None,
         }
+        if tracing.enabled():
+            traceparent = tracing.current_traceparent()
+            if traceparent:  # the job's run span is a child of it
+                row["traceparent"] = traceparent
         from django_outbox.jobs.models import Job
 
         db = self.database or router.db_for_write(Job)
@@ -335,7 +339,8 @@ _VARYING = (
     "max_attempts",
 )
 #: Fields an enqueue sets only sometimes (``run_after`` and the due time it sets, keys,
-#: a serial key's place, a batch); left out of the statement (NULL) when not set.
+#: a serial key's place, a batch, the trace context); left out of the statement (their
+#: column's default: NULL, or "" for the trace context) when not set.
 _OPTIONAL = (
     "available_at",
     "run_after",
@@ -344,6 +349,7 @@ _OPTIONAL = (
     "sequence",
     "blocked",
     "batch_id",
+    "traceparent",
 )
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models
 
-from django_outbox import metrics, signals
+from django_outbox import metrics, signals, tracing
 from django_outbox.engine import clock, heartbeat, triggers
 from django_outbox.engine.outcomes import Done, Fail, Outcome, Outcomes, Retry, Uncertain
 from django_outbox.engine.part import Attempt, KeyOrdering, Part, register
@@ -163,7 +163,8 @@ class Running(Part):
             if not group:
                 group_started = time.monotonic()
             began = time.monotonic()
-            group[row.pk] = outcome = self.run_one(row)
+            with tracing.running(row):  # the job's span, current while it runs
+                group[row.pk] = outcome = self.run_one(row)
             self._pace(time.monotonic() - began)
             attempt.idle()
             ran += 1
@@ -257,6 +258,7 @@ class Running(Part):
         return Done(value)
 
     def _failed(self, row: Job, exc: BaseException, *, retry: bool) -> Retry | Fail:
+        tracing.record_failure(exc)
         kind = type(exc)
         entry = {
             "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",

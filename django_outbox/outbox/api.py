@@ -10,7 +10,7 @@ from typing import Any
 from django.db import OperationalError, connections, router, transaction
 from django.utils import timezone
 
-from django_outbox import metrics
+from django_outbox import metrics, tracing
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, ordering, triggers
 from django_outbox.engine.insert import fast_insert
@@ -58,6 +58,8 @@ def send(
     check_text("key", key, MAX_KEY_LENGTH)
     check_text("correlation_id", correlation_id, 255)
     header_map = check_headers(headers)
+    if tracing.enabled():
+        tracing.inject(header_map)
     check_text("reply_to", reply_to, 100)
     text, size = encode_json(payload, what=f"payload of {type!r}")
     if size > config.max_payload_bytes:

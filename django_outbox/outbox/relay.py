@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django_outbox import signals
+from django_outbox import signals, tracing
 from django_outbox.engine import clock, ordering, triggers
 from django_outbox.engine.outcomes import Outcomes, Retry, from_error
 from django_outbox.engine.part import Attempt, KeyOrdering, Lifecycle, Part, register
@@ -158,7 +158,8 @@ class Publishing(Part):
         ids = [m.message_id for m in messages]
         envelopes = [Envelope.from_message(m) for m in messages]
         try:
-            return transport.publish(envelopes, deadline)
+            # In a "publish" span when tracing is on (django_outbox.tracing).
+            return tracing.publish(transport, envelopes, deadline)
         except Exception as exc:  # a transport bug must not leave rows stuck in sending
             self.logger.exception("transport for %r raised", destination)
             # Some of the batch may have gone out before it raised.

@@ -79,3 +79,12 @@ def bench_latency(message):
     Payment.objects.create(
         order_ref=message.message_id, status="latency", sequence=int(time.time() * 1_000_000)
     )
+
+
+@handler("trace.checked")
+def trace_checked(message):
+    """The tracing test's handler: a span of its own, which nests under the handler's."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("shop").start_as_current_span("shop.trace_checked"):
+        Payment.objects.create(order_ref=message.payload["order"], status="traced")

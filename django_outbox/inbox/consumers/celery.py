@@ -4,9 +4,9 @@ into this service's inbox.
 The sender configures a destination ``{"TRANSPORT": "celery", "TASK":
 "django_outbox.receive", "QUEUE": "<a queue this service's workers read>"}``.
 The payload arrives as the task's argument, the message id as the task id and
-the ``outbox-*`` values as task headers. The task stores the message (a
-redelivery or a duplicate send finds it stored and does nothing more) and
-handles it in the same worker.
+the ``outbox-*`` values and the trace context (``traceparent`` …) as task headers.
+The task stores the message (a redelivery or a duplicate send finds it stored
+and does nothing more) and handles it in the same worker.
 
 The source is the ``celery`` source whose ``QUEUE`` is the queue the task came
 from, else the only ``celery`` source configured, else one called ``celery``.
@@ -31,12 +31,14 @@ from typing import Any
 from celery import Task, shared_task
 from django.db import DEFAULT_DB_ALIAS
 
+from django_outbox import tracing
 from django_outbox.conf import Source, get_settings
 from django_outbox.engine import heartbeat, triggers
 from django_outbox.engine.retry import retry_transient
 from django_outbox.inbox.intake import Arrival, Unstorable, store
 from django_outbox.inbox.models import InboxState
 from django_outbox.inbox.tasks import give_back_on_database_error
+from django_outbox.wire import TRACE_HEADERS
 
 logger = logging.getLogger("django_outbox.inbox")
 
@@ -67,11 +69,18 @@ def receive_task(self: Task, payload: Any, using: str = DEFAULT_DB_ALIAS) -> dic
     # Its claims carry this process's id: if it dies mid-handler, they come back in
     # seconds.
     heartbeat.start_for_task(request)
+    # Celery hands the task's message headers over as attributes of its request, among
+    # its own: the outbox's and the trace propagation headers are read, nothing else.
     headers = {
         name: getattr(request, name)
         for name in dir(request)
         if name.startswith("outbox-") and getattr(request, name, None) is not None
     }
+    headers.update(
+        (name, getattr(request, name))
+        for name in TRACE_HEADERS
+        if getattr(request, name, None) is not None
+    )
     queue = (request.delivery_info or {}).get("routing_key")
     arrival = Arrival(
         source=source_for(queue),
@@ -80,7 +89,10 @@ def receive_task(self: Task, payload: Any, using: str = DEFAULT_DB_ALIAS) -> dic
         transport_id=request.id,
     )
     try:
-        with give_back_on_database_error(f"storing message {request.id} from {queue}"):
+        with (
+            tracing.receiving(arrival.source, [arrival]),
+            give_back_on_database_error(f"storing message {request.id} from {queue}"),
+        ):
             message, created = retry_transient(
                 lambda: store(arrival, using=using, trigger=False),
                 what=f"storing a message from {arrival.source.name}",

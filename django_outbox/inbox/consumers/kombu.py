@@ -40,7 +40,7 @@ import kombu
 import kombu.exceptions
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from django_outbox import metrics, signals
+from django_outbox import metrics, signals, tracing
 from django_outbox.conf import Source
 from django_outbox.engine import sweeps, triggers
 from django_outbox.engine.retry import retry_transient
@@ -388,18 +388,19 @@ class KombuConsumer:
         """Store *arrivals* in one statement; if the database refuses a value of the
         batch, one by one (so the message at fault is kept as unreadable, and the
         others are stored as usual)."""
-        try:
-            return self._store_with(store_many, arrivals, inbox)
-        except REFUSED as exc:
-            logger.warning(
-                "the database refused a batch of %d message(s) from %s (%s: %s); storing "
-                "them one by one",
-                len(arrivals),
-                self.source.name,
-                type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "",
-            )
-            return self._store_with(store_each, arrivals, inbox)
+        with tracing.receiving(self.source, arrivals):  # a "receive" span when tracing is on
+            try:
+                return self._store_with(store_many, arrivals, inbox)
+            except REFUSED as exc:
+                logger.warning(
+                    "the database refused a batch of %d message(s) from %s (%s: %s); storing "
+                    "them one by one",
+                    len(arrivals),
+                    self.source.name,
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+                return self._store_with(store_each, arrivals, inbox)
 
     def _store_with(
         self,

@@ -22,11 +22,12 @@ from django.db import DatabaseError, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from django_outbox import signing
+from django_outbox import signing, tracing
 from django_outbox.conf import SETTING_NAME, Source, get_settings
 from django_outbox.exceptions import ConfigurationError, InvalidMessage
 from django_outbox.inbox.api import receive
 from django_outbox.inbox.intake import Arrival, Unreadable, parse
+from django_outbox.wire import TRACE_HEADERS
 
 logger = logging.getLogger("django_outbox.inbox")
 
@@ -67,14 +68,20 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         for name, value in signing.signed_headers(wire, also_cover=mapped)
     }
     idempotency_key = signing.IDEMPOTENCY_HEADER.lower()
+    headers = {
+        name: value for name, value in envelope.items() if name != idempotency_key or name in mapped
+    }
+    # The trace context too, unsigned: it decides nothing about the message, only which
+    # trace its handler's span joins (see docs/operations.md, "Tracing").
+    headers.update(
+        (name, request.headers[name])
+        for name in TRACE_HEADERS
+        if name in request.headers and name not in headers
+    )
     arrival = Arrival(
         source=config,
         body=body,
-        headers={
-            name: value
-            for name, value in envelope.items()
-            if name != idempotency_key or name in mapped
-        },
+        headers=headers,
         transport_id=envelope.get(idempotency_key),
         content_type=request.content_type,
     )
@@ -83,7 +90,7 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     except Unreadable as exc:
         return _refuse(400, source, str(exc))
     try:
-        with transaction.atomic():
+        with tracing.receiving(config, [arrival]), transaction.atomic():
             _, created = receive(
                 parsed.type,
                 parsed.payload,
