@@ -1,0 +1,113 @@
+"""One trace across real processes: a producer sends in a span of its own, a real
+``outbox_relay`` publishes to a real RabbitMQ, a real ``inbox_consume`` stores and
+handles. Each process records its spans to a file of its own (``testproject.tracing``);
+the test reads them back and follows the chain from the producer's span to the handler's
+and to the span the handler's own code opened."""
+
+import json
+import textwrap
+
+import pytest
+
+from django_outbox.models import InboxMessage, InboxState, OutboxMessage, OutboxState
+from testproject.shop.models import Payment
+from tests.conftest import spawn_manage, subprocess_env
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.row_locks,
+    pytest.mark.rabbitmq,
+    pytest.mark.processes,
+]
+
+#: The producer: two requests, each a span of its own, each sending one message.
+PRODUCER = textwrap.dedent(
+    """
+    import json
+    from django.db import transaction
+    from opentelemetry import trace
+    import django_outbox
+
+    tracer = trace.get_tracer("shop")
+    for order in ("o1", "o2"):
+        with tracer.start_as_current_span(f"checkout {order}") as span:
+            with transaction.atomic():
+                message = django_outbox.send("trace.checked", {"order": order}, to="events")
+        print(json.dumps({"order": order, "message_id": str(message.message_id)}))
+    """
+)
+
+
+def run(spans_file, *args):
+    """``manage.py *args`` in a process of its own recording its spans to *spans_file*."""
+    process = spawn_manage(*args, env=subprocess_env(TESTPROJECT_SPANS_FILE=str(spans_file)))
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output
+    return output
+
+
+def read_spans(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def only(spans, name):
+    found = [span for span in spans if span["name"] == name]
+    assert len(found) == 1, (name, [span["name"] for span in spans])
+    return found[0]
+
+
+def caused_by(span, cause):
+    """Whether *span* is a child of *cause* or links to it."""
+    ids = (cause["trace_id"], cause["span_id"])
+    parent = (span["trace_id"], span["parent_span_id"])
+    return parent == ids or ids in {(link["trace_id"], link["span_id"]) for link in span["links"]}
+
+
+def test_one_trace_from_the_producer_through_the_relay_and_rabbitmq_to_the_handler(
+    configure_outbox, amqp_url, queue_name, tmp_path
+):
+    route = {"TRANSPORT": "kombu", "URL": amqp_url, "QUEUE": queue_name}
+    configure_outbox(DESTINATIONS={"events": route}, INBOX={"SOURCES": {"events": route}})
+    files = {name: tmp_path / f"{name}.jsonl" for name in ("producer", "relay", "consumer")}
+
+    output = run(files["producer"], "shell", "-c", PRODUCER)
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    sent = {line["order"]: line["message_id"] for line in lines}
+    assert set(sent) == {"o1", "o2"}, output
+    run(files["relay"], "outbox_relay", "--until-empty", "--no-listen")
+    assert set(OutboxMessage.objects.values_list("state", flat=True)) == {OutboxState.SENT}
+    run(files["consumer"], "inbox_consume", "events", "--until-idle", "1")
+    assert InboxMessage.objects.filter(state=InboxState.HANDLED).count() == 2
+    assert Payment.objects.filter(status="traced").count() == 2
+
+    producer, relay, consumer = (read_spans(files[n]) for n in ("producer", "relay", "consumer"))
+    assert len({span["pid"] for spans in (producer, relay, consumer) for span in spans}) == 3
+    publishes = [span for span in relay if span["name"] == "publish events"]
+    receives = [span for span in consumer if span["name"] == "receive events"]
+    assert publishes and receives
+    for order, message_id in sent.items():
+        checkout = only(producer, f"checkout {order}")
+        # The row carried the producer's context through the relay and the broker.
+        publish = next(p for p in publishes if caused_by(p, checkout))
+        assert publish["kind"] == "PRODUCER"
+        assert publish["attributes"]["messaging.system"] == "rabbitmq"
+        assert publish["attributes"]["messaging.destination.name"] == "events"
+        assert next(r for r in receives if caused_by(r, checkout))["kind"] == "CONSUMER"
+        # The handler's span is a child of the producer's, in its trace …
+        handle = next(
+            span
+            for span in consumer
+            if span["name"] == "handle trace.checked"
+            and span["attributes"]["messaging.message.id"] == message_id
+        )
+        assert handle["trace_id"] == checkout["trace_id"]
+        assert handle["parent_span_id"] == checkout["span_id"]
+        assert handle["attributes"]["messaging.operation.type"] == "process"
+        assert handle["status"] == "UNSET"
+        # … and the span the handler's code opened is a child of the handler's.
+        own = [
+            span
+            for span in consumer
+            if span["name"] == "shop.trace_checked" and span["parent_span_id"] == handle["span_id"]
+        ]
+        assert len(own) == 1 and own[0]["trace_id"] == checkout["trace_id"]
