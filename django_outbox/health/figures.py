@@ -66,6 +66,8 @@ class Sweep:
     ran_by: str
     silent_seconds: float | None
     late: bool
+    #: Whether the part has rows a sweep is for (ready or running ones).
+    needed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +75,7 @@ class Sweep:
             "ran_by": self.ran_by,
             "silent_seconds": self.silent_seconds,
             "late": self.late,
+            "needed": self.needed,
         }
 
 
@@ -351,6 +354,7 @@ def _sweep(mark: SweepMark | None, now: datetime, config: Settings, *, unfinishe
         ran_by=mark.ran_by if mark is not None else "",
         silent_seconds=silent,
         late=stale and unfinished,
+        needed=unfinished,
     )
 
 

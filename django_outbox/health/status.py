@@ -198,8 +198,10 @@ def _sweep(figures: PartFigures, config: Settings) -> Check:
     sweep = figures.sweep
     silent = sweep.silent_seconds
     if not sweep.late:
-        said = "swept" if silent is None else f"swept {_duration(silent)} ago"
-        return Check(figures.part, "sweep", OK, said, silent)
+        if silent is None:
+            return Check(figures.part, "sweep", OK, "never swept (nothing waits)", None)
+        said = f"swept {_duration(silent)} ago" + ("" if sweep.needed else " (nothing waits)")
+        return Check(figures.part, "sweep", OK, said, round(silent, 3))
     if silent is None:
         return Check(figures.part, "sweep", WARNING, "rows wait and no sweep has ever run", None)
     critical = config.health.sweep_late_critical_seconds
