@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`.
 # Everything else here is a step of those two or a documented extra
-# (`make bench`, `make bench-admin`, `make chaos`).
+# (`make bench`, `make bench-admin`, `make chaos`, `make docs`, `make docs-serve`).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry chaos
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -28,6 +28,8 @@ help:
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
+	@echo "make docs   build the documentation site into site/ (mkdocs --strict: any warning or broken link fails)"
+	@echo "make docs-serve  serve the documentation at http://$(DOCS_ADDR), rebuilt on every change"
 
 $(VENV)/.installed: pyproject.toml
 	$(PY311) -m venv $(VENV)
@@ -60,8 +62,23 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python manage.py migrate -v0
 	$(VENV)/bin/python manage.py outbox_demo
 
-test: lint test-postgres test-sqlite test-mariadb test-django6 demo-ci bench-ci
+test: lint docs test-postgres test-sqlite test-mariadb test-django6 demo-ci bench-ci
 	@echo "all test stages passed"
+
+# The documentation site (mkdocs.yml, docs/): strict, so a warning, a broken link or
+# a missing anchor fails the build. The docs group is installed into .venv once.
+DOCS_ADDR ?= 127.0.0.1:8000
+MKDOCS = NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+
+$(VENV)/.docs-installed: pyproject.toml $(VENV)/.installed
+	$(VENV)/$(PIP_INSTALL) --group docs
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(MKDOCS) build --strict --clean --site-dir site
+
+docs-serve: $(VENV)/.docs-installed
+	$(MKDOCS) serve --strict --dev-addr $(DOCS_ADDR)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
