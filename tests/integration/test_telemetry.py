@@ -4,11 +4,13 @@ Prometheus counters, for each part, on every database."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 import django_outbox
 from django_outbox import metrics
@@ -16,6 +18,7 @@ from django_outbox.engine import telemetry
 from django_outbox.engine.models import MinuteCount
 from django_outbox.inbox.handlers import handler, unregister
 from django_outbox.inbox.handling import Inbox
+from django_outbox.models import OutboxMessage, OutboxState
 from django_outbox.outbox.relay import Relay
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -162,3 +165,39 @@ def test_the_metrics_view_answers_in_prometheus_text_format(client):
     text = response.content.decode()
     assert 'django_outbox_outbox_sent_total{destination="default"}' in text
     assert "django_outbox_outbox_publish_latency_seconds_bucket" in text
+
+
+def test_scraped_gauges_say_what_the_database_holds(client, configure_outbox, monkeypatch):
+    monkeypatch.setattr(metrics, "GAUGE_CACHE_SECONDS", 0.0)
+    with transaction.atomic():
+        for n in range(3):
+            django_outbox.send("order.created", {"n": n})
+        for n in range(2):
+            django_outbox.send("order.created", {"n": n}, to="held")
+    OutboxMessage.objects.filter(destination="held").update(
+        available_at=timezone.now() - timedelta(seconds=90)
+    )
+    OutboxMessage.objects.filter(pk=OutboxMessage.objects.order_by("pk").first().pk).update(
+        state=OutboxState.SEND_ERROR, last_error="boom"
+    )
+
+    text = client.get("/metrics/").content.decode()
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+    def gauge(metric, **labels):
+        return samples.get((f"django_outbox_{metric}", tuple(sorted(labels.items()))))
+
+    assert gauge("scrape_error") == 0
+    assert gauge("backlog", part="outbox", name="default") == 2
+    assert gauge("backlog", part="outbox", name="held") == 2
+    assert 89 <= gauge("oldest_due_age_seconds", part="outbox") < 120
+    assert gauge("dead_letters", part="outbox") == 1
+    assert gauge("live_workers", part="outbox") == 0
+    assert gauge("dead_letters", part="jobs") == 0
+    # The probe's verdicts: rows due 90 s with no live worker.
+    assert gauge("health_status", part="outbox", check="oldest_due") == 1
+    assert gauge("health_status", part="inbox", check="oldest_due") == 0
