@@ -70,6 +70,7 @@ except ImportError:  # the extra is not installed
     trace = None  # type: ignore[assignment]
 
 TRACEPARENT = "traceparent"
+SENTRY_TRACE = "sentry-trace"
 #: Most links one span gets (OpenTelemetry's SDK keeps 128 unless
 #: ``OTEL_SPAN_LINK_COUNT_LIMIT`` says otherwise).
 MAX_LINKS = 128
@@ -182,6 +183,11 @@ def parse_traceparent(value: Any) -> SpanContext | None:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags, 16)))
 
 
+def _span_context_of(headers: Mapping[str, Any]) -> SpanContext | None:
+    context = context_of(headers)
+    return trace.get_current_span(context).get_span_context() if context is not None else None
+
+
 def context_of(headers: Mapping[str, Any] | None) -> Context | None:
     """The context carried by *headers* (through the global propagator), ``None`` when
     they carry none."""
@@ -205,18 +211,23 @@ def _span(
 ) -> Iterator[Span]:
     """A span current for the block, for a batch of messages whose headers are
     *carriers*: a child of their context when they carry one and the same one, else
-    (several, or none) a child of the current span, linked to each of theirs."""
+    (several, or none) a child of the current span, linked to each of theirs.
+
+    A context is told by its ``traceparent``, or by its ``sentry-trace`` when a Sentry
+    propagator stored no ``traceparent``. Links are read from a ``traceparent`` directly
+    (a regular expression: the relay's budget), from anything else through the
+    propagator."""
     contexts: dict[str, Mapping[str, Any]] = {}
     for headers in carriers:
-        value = headers.get(TRACEPARENT)
+        value = headers.get(TRACEPARENT) or headers.get(SENTRY_TRACE)
         if value and isinstance(value, str) and value not in contexts:
             contexts[value] = headers
     parent = context_of(next(iter(contexts.values()))) if len(contexts) == 1 else None
     span = tracer().start_span(name, context=parent, kind=kind, attributes=attributes)
     if len(contexts) > 1 and span.is_recording():
         linked = 0
-        for value in contexts:
-            span_context = parse_traceparent(value)
+        for value, headers in contexts.items():
+            span_context = parse_traceparent(value) or _span_context_of(headers)
             if span_context is not None:
                 span.add_link(span_context)
                 linked += 1
