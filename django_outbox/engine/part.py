@@ -116,6 +116,18 @@ class KeyOrdering:
         return held | Q(blocking=True) if self.flag_blocks else held
 
 
+class PartLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A part's logger: every line carries ``part`` (and what the call adds) as
+    structured fields, for JSON formatters and Sentry's logging integration."""
+
+    def __init__(self, logger: logging.Logger, part: str) -> None:
+        super().__init__(logger, {"part": part})
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs
+
+
 class Part:
     """Base class of the three parts; subclasses set the class attributes and ``process``."""
 
@@ -151,7 +163,7 @@ class Part:
         #: ``None`` for the database's clock; a callable returning a datetime pins it.
         self.clock = clock
         self.rng = rng or random.Random()
-        self.logger = logging.getLogger(f"django_outbox.{self.name}")
+        self.logger = PartLogger(logging.getLogger(f"django_outbox.{self.name}"), self.name)
         #: Set when the process is asked to stop (a worker loop's SIGTERM): a step starts
         #: nothing new, a drain claims no more; what is in hand is finished and recorded.
         self.stopping = threading.Event()

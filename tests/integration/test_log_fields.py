@@ -49,6 +49,10 @@ def test_an_outbox_retry_is_a_warning_and_its_dead_letter_one_error_with_fields(
         assert record.id == str(message.message_id)
         assert (record.type, record.destination, record.key) == ("fail.retry", "default", "order-7")
         assert "worker" in record.__dict__
+    # Every line of the part's logger says which part it is about.
+    lines = [r for r in caplog.records if r.name == "django_outbox.outbox"]
+    assert len(lines) >= 2
+    assert {r.part for r in lines} == {"outbox"}
 
 
 def test_a_handler_failure_is_logged_once_at_error_with_the_inbox_fields(caplog):
