@@ -2,16 +2,22 @@
 ``outbox_relay`` publishes to a real RabbitMQ, a real ``inbox_consume`` stores and
 handles. Each process records its spans to a file of its own (``testproject.tracing``);
 the test reads them back and follows the chain from the producer's span to the handler's
-and to the span the handler's own code opened."""
+and to the span the handler's own code opened. The same through a real Celery worker,
+whose task reads the trace headers besides the outbox's."""
 
 import json
 import textwrap
 
 import pytest
+from opentelemetry import trace
 
+import django_outbox
 from django_outbox.models import InboxMessage, InboxState, OutboxMessage, OutboxState
+from django_outbox.outbox.relay import Relay
 from testproject.shop.models import Payment
+from tests.acceptance.helpers import CeleryWorker, wait_for
 from tests.conftest import spawn_manage, subprocess_env
+from tests.spans import capture, traceparent_of
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -111,3 +117,50 @@ def test_one_trace_from_the_producer_through_the_relay_and_rabbitmq_to_the_handl
             if span["name"] == "shop.trace_checked" and span["parent_span_id"] == handle["span_id"]
         ]
         assert len(own) == 1 and own[0]["trace_id"] == checkout["trace_id"]
+
+
+@pytest.mark.redis
+def test_the_trace_headers_survive_the_celery_transport_and_a_real_worker(
+    configure_outbox, redis_url, queue_name, tmp_path
+):
+    """The Celery task reads the trace headers besides the outbox's: the stored message
+    keeps them, and the worker's spans join the producer's trace."""
+    configure_outbox(
+        DESTINATIONS={
+            "peer": {"TRANSPORT": "celery", "TASK": "django_outbox.receive", "QUEUE": queue_name}
+        },
+        INBOX={"SOURCES": {"peer": {"TRANSPORT": "celery", "QUEUE": queue_name}}},
+    )
+    sentry = {"sentry-trace": f"{'ab' * 16}-{'cd' * 8}-1", "baggage": "sentry-sample_rand=0.5"}
+    spans = capture()
+    next(spans)
+    try:
+        with trace.get_tracer("shop").start_as_current_span("checkout") as checkout:
+            payload = {"order": "c1"}
+            sent = django_outbox.send("trace.checked", payload, to="peer", headers=sentry)
+    finally:
+        spans.close()
+    assert Relay().drain().sent == 1
+    worker_spans = tmp_path / "worker.jsonl"
+    worker = CeleryWorker(queue_name, TESTPROJECT_SPANS_FILE=str(worker_spans))
+    try:
+        wait_for(
+            lambda: InboxMessage.objects.filter(state=InboxState.HANDLED).exists(),
+            timeout=60,
+            what="the worker to store and handle the message",
+        )
+    finally:
+        worker.stop()
+    stored = InboxMessage.objects.get()
+    assert stored.headers == {"traceparent": traceparent_of(checkout), **sentry}
+    context = checkout.get_span_context()
+    spans_of_worker = read_spans(worker_spans)
+    handle = only(spans_of_worker, "handle trace.checked")
+    assert handle["attributes"]["messaging.message.id"] == str(sent.message_id)
+    assert handle["attributes"]["messaging.system"] == "celery"
+    assert (handle["trace_id"], handle["parent_span_id"]) == (
+        f"{context.trace_id:032x}",
+        f"{context.span_id:016x}",
+    )
+    receive = only(spans_of_worker, "receive peer")
+    assert receive["parent_span_id"] == f"{context.span_id:016x}"
