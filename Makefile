@@ -24,7 +24,7 @@ help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
 	@echo "make test   set up and run the whole test suite (needs PostgreSQL, MariaDB, Redis, RabbitMQ)"
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
-	@echo "make bench-admin  the admin's pages over 5 million rows on PostgreSQL (see docs/benchmarks.md)"
+	@echo "make bench-admin  the admin's pages and the health page and probe over 5 million rows per table on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
@@ -125,6 +125,7 @@ bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational
 	$(VENV)/bin/python -m tests.benchmarks.latency --rates 200 --seconds 2 --brokers redis --informational
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 20000 --repeat 1 --informational
+	$(VENV)/bin/python -m tests.benchmarks.admin_health --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
 
 # The admin's list and message pages over 5 million rows on PostgreSQL, in a database
@@ -145,6 +146,7 @@ bench-telemetry: $(VENV)/.installed
 
 bench-admin: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 5000000 --repeat 5
+	$(VENV)/bin/python -m tests.benchmarks.admin_health --rows 5000000 --repeat 5
 
 # The crash and recovery acceptance tests at full size (make test runs them reduced).
 chaos: $(VENV)/.installed
