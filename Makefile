@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry chaos
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry bench-tracing chaos
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-admin  the admin's pages and the health page and probe over 5 million rows per table on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
+	@echo "make bench-tracing  what tracing costs send() and the relay: off, the API alone, the SDK (see docs/benchmarks.md)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
 	@echo "make docs   build the documentation site into site/ (mkdocs --strict: any warning or broken link fails)"
 	@echo "make docs-serve  serve the documentation at http://$(DOCS_ADDR), rebuilt on every change"
@@ -143,6 +144,10 @@ bench-jobs: $(VENV)/.installed
 # health page's per-minute tally, Prometheus metrics), in rounds that take turns.
 bench-telemetry: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.telemetry --items 5000 --rounds 5
+
+# What tracing costs send() and the relay (issue 15: nothing when off, at most 5 % on).
+bench-tracing: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.tracing --messages 20000 --rounds 5
 
 bench-admin: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 5000000 --repeat 5
