@@ -155,7 +155,7 @@ class WorkerLoop:
         total = self.runner.result_class()
         waiter = self._waiter()
         if self.heartbeat:
-            heartbeat.start(part.name, part.using).on_rescue(part.name, waiter.wake)
+            heartbeat.start(part.worker_role(), part.using).on_rescue(part.name, waiter.wake)
         next_sweep = 0.0
         outage = Outage(part.name)
         try:

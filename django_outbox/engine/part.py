@@ -216,6 +216,11 @@ class Part:
         followers of a key)."""
         return True
 
+    def worker_role(self) -> str:
+        """What a worker process running this part calls itself after ``host:pid`` in
+        its worker row (the health page reads the part, and the queues, from it)."""
+        return self.name
+
     def claim_variant(self) -> Any:
         """What, besides the part, shapes ``due()`` (a hashable; compiled claims are
         cached per value): the queues a jobs runner takes, say."""

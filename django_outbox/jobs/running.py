@@ -109,6 +109,10 @@ class Running(Part):
     def claim_variant(self) -> Any:
         return tuple(sorted(self.queues)) if self.queues is not None else None
 
+    def worker_role(self) -> str:
+        # "jobs default,emails": the queues a worker takes, for the health page.
+        return f"{self.name} {','.join(self.queues)}" if self.queues else self.name
+
     def max_attempts(self, row: Any) -> int:
         return int(row.max_attempts)
 

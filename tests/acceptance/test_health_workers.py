@@ -28,8 +28,10 @@ pytestmark = [
 TOKEN = "h7Jd2kLq9XzP4vNc8RtY3wBm6QsF1aGe"
 
 
-def jobs_worker():
-    return read_as_it_comes(spawn_manage("jobs_worker", "--interval", "0.1", env=subprocess_env()))
+def jobs_worker(*args):
+    return read_as_it_comes(
+        spawn_manage("jobs_worker", "--interval", "0.1", *args, env=subprocess_env())
+    )
 
 
 def probe(client):
@@ -57,7 +59,7 @@ def counted(event):
 
 def test_the_probe_and_the_command_follow_real_workers(client, configure_outbox, tmp_path):
     configure_outbox(HEALTH={"TOKEN": TOKEN, "NO_WORKER_SECONDS": 1.0})
-    first = jobs_worker()
+    first = jobs_worker("--queue", "default", "--queue", "emails")
     second = None
     try:
         # Healthy: a live worker runs a job (and counts it into the per-minute table).
@@ -71,6 +73,12 @@ def test_the_probe_and_the_command_follow_real_workers(client, configure_outbox,
         code, body = probe(client)
         assert (code, body["status"], not_ok(body)) == (200, "ok", {}), body
         assert body["parts"]["jobs"]["live_workers"] == 1
+        (live,) = body["workers"]
+        assert (live["role"], live["queues"], live["status"]) == (
+            "jobs",
+            ["default", "emails"],
+            "alive",
+        )
         assert body["parts"]["jobs"]["last_hour"]["done"] == 1
         exit_code, output = stats()
         assert exit_code == 0, output
