@@ -49,7 +49,8 @@ def send(
     transaction usable. Messages with
     the same *key* get increasing sequence numbers in commit order and are
     published in that order. Costs one INSERT (plus one counter UPSERT when a
-    key is given) and at most one dispatch per transaction.
+    key is given) and at most one dispatch per transaction. The context of the
+    current span is stored in the headers when tracing is on (``django_outbox.tracing``).
     """
     settings = get_settings()
     config = settings.outbox

@@ -112,6 +112,15 @@ def test_with_tracing_off_nothing_is_stored_and_no_span_made(spans, configure_ou
     assert spans.names() == ["checkout"]
 
 
+def test_tracing_must_be_a_bool(configure_outbox):
+    from django_outbox.conf import get_settings
+    from django_outbox.exceptions import ConfigurationError
+
+    configure_outbox(TRACING="yes")
+    with pytest.raises(ConfigurationError, match=r"\['TRACING'\] must be True or False"):
+        get_settings()
+
+
 def test_receive_keeps_the_context_a_message_came_with_else_stores_the_current_one(spans):
     producer = "00-000000000000000000000000000000aa-00000000000000bb-01"
     with tracer.start_as_current_span("consumer") as span:
