@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
 from django_outbox.admin.actions import Action, OperatorActions
 from django_outbox.admin.held import HeldFilter, HeldRows
+from django_outbox.admin.search import IndexedSearch, Search
 from django_outbox.admin.shared import (
     AttemptsFilter,
     ConfiguredValuesFilter,
@@ -33,6 +34,27 @@ def _release(rows: Any) -> Moved:
     ids = list(waiting.values_list("pk", flat=True))
     released = waiting.release_gaps()
     return Moved(ids=ids if released else [])
+
+
+#: Sources the search's id lookup names (``source IN (…)``) to use the unique index on
+#: (source, message_id); with more, it reads the table.
+SEARCHED_SOURCES = 100
+
+
+def _by_sender_id(rows: QuerySet[InboxMessage], term: str) -> QuerySet[InboxMessage]:
+    sources = InboxMessage.objects.using(rows.db).sources(limit=SEARCHED_SOURCES)
+    if len(sources) < SEARCHED_SOURCES:
+        return rows.filter(source__in=sources, message_id=term)
+    return rows.filter(message_id=term)
+
+
+def _by_correlation_or_key(rows: QuerySet[InboxMessage], term: str) -> QuerySet[InboxMessage]:
+    return rows.filter(Q(correlation_id=term) | Q(key__startswith=term))
+
+
+#: The sender's message id (the unique index, one seek per source); else a correlation
+#: id or the start of a key (0017's indexes); ``type:`` by the start of a type.
+INBOX_SEARCH = Search(ids=_by_sender_id, others=_by_correlation_or_key, type_field="type")
 
 
 class WaitingForGapFilter(admin.SimpleListFilter):
@@ -77,7 +99,13 @@ class SourceFilter(ConfiguredValuesFilter):
 
 
 @admin.register(InboxMessage)
-class InboxMessageAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class InboxMessageAdmin(
+    IndexedSearch,
+    OperatorActions,
+    HeldRows,
+    ReadOnlyRows,
+    admin.ModelAdmin,  # type: ignore[type-arg]
+):
     part_name = "inbox"
     # A row's page: a button for each action its state allows (OperatorActions).
     change_form_template = "django_outbox/admin/change_form.html"
@@ -115,8 +143,14 @@ class InboxMessageAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmi
         SourceFilter,
         ("created_at", admin.DateFieldListFilter),
     )
-    search_fields = ("=message_id", "^key", "^type", "=correlation_id")
-    search_help_text = "A message id or correlation id (exact), or the start of a key or a type."
+    # Shows the search box; INBOX_SEARCH reads it (admin.search).
+    search_fields = ("message_id", "correlation_id", "key")
+    search = INBOX_SEARCH
+    search_help_text = (
+        "The sender's message id or a correlation id (exact, case-sensitive), or the start "
+        "of a key (case-sensitive). type:<start of a type> reads the list in order: filter "
+        "it first."
+    )
     list_per_page = 100
     show_full_result_count = False
     paginator = EstimatedCountPaginator

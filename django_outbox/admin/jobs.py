@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 
 from django_outbox.admin.actions import OperatorActions
 from django_outbox.admin.held import HeldFilter, HeldRows
+from django_outbox.admin.search import IndexedSearch, Search, as_uuid
 from django_outbox.admin.shared import (
     AttemptsFilter,
     EstimatedCountPaginator,
@@ -23,6 +24,21 @@ from django_outbox.admin.shared import (
 )
 from django_outbox.engine.operator import Verb
 from django_outbox.jobs.models import Job, JobState
+
+
+def _by_result_id_or_unique_key(rows: QuerySet[Job], term: str) -> QuerySet[Job]:
+    result_id = as_uuid(term)
+    if result_id is None:
+        return rows.filter(unique_key=term)
+    return rows.filter(Q(result_id=result_id) | Q(unique_key=term))
+
+
+def _by_task_path(rows: QuerySet[Job], term: str) -> QuerySet[Job]:
+    return rows.filter(task_path__startswith=term)
+
+
+#: A result id or a unique key (their indexes); else the start of a task path.
+JOB_SEARCH = Search(ids=_by_result_id_or_unique_key, others=_by_task_path)
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -45,7 +61,13 @@ class QueueFilter(admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class JobAdmin(
+    IndexedSearch,
+    OperatorActions,
+    HeldRows,
+    ReadOnlyRows,
+    admin.ModelAdmin,  # type: ignore[type-arg]
+):
     part_name = "jobs"
     operator_noun = "job"
     attempt_field = "last_attempted_at"
@@ -76,8 +98,13 @@ class JobAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmin):  # ty
         AttemptsFilter,
         ("created_at", admin.DateFieldListFilter),
     )
-    search_fields = ("=result_id", "^task_path", "=unique_key")
-    search_help_text = "A result id or unique key (exact), or the start of a task path."
+    # Shows the search box; JOB_SEARCH reads it (admin.search).
+    search_fields = ("result_id", "unique_key", "task_path")
+    search = JOB_SEARCH
+    search_help_text = (
+        "A result id or a unique key (exact, case-sensitive), or the start of a task path "
+        "(case-sensitive)."
+    )
     list_per_page = 100
     show_full_result_count = False
     paginator = EstimatedCountPaginator

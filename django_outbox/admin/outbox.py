@@ -4,16 +4,15 @@ message's page."""
 
 from __future__ import annotations
 
-import uuid
-
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from django_outbox.admin.actions import OperatorActions
 from django_outbox.admin.held import HeldFilter, HeldRows
+from django_outbox.admin.search import IndexedSearch, Search, as_uuid
 from django_outbox.admin.shared import (
     AttemptsFilter,
     ConfiguredValuesFilter,
@@ -28,6 +27,20 @@ from django_outbox.outbox.models import UNFINISHED_STATES, OutboxMessage
 from django_outbox.wire import HEADER_REPLY_TO
 
 
+def _by_message_id(rows: QuerySet[OutboxMessage], term: str) -> QuerySet[OutboxMessage] | None:
+    message_id = as_uuid(term)
+    return None if message_id is None else rows.filter(message_id=message_id)
+
+
+def _by_correlation_or_key(rows: QuerySet[OutboxMessage], term: str) -> QuerySet[OutboxMessage]:
+    return rows.filter(Q(correlation_id=term) | Q(key__startswith=term))
+
+
+#: A message id (unique index); else a correlation id or the start of a key (0017's
+#: indexes); ``type:`` by the start of a type.
+OUTBOX_SEARCH = Search(ids=_by_message_id, others=_by_correlation_or_key, type_field="type")
+
+
 class DestinationFilter(ConfiguredValuesFilter):
     title = "destination"
     parameter_name = "destination"
@@ -38,7 +51,13 @@ class DestinationFilter(ConfiguredValuesFilter):
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class OutboxMessageAdmin(
+    IndexedSearch,
+    OperatorActions,
+    HeldRows,
+    ReadOnlyRows,
+    admin.ModelAdmin,  # type: ignore[type-arg]
+):
     part_name = "outbox"
     # A row's page: a button for each action its state allows (OperatorActions).
     change_form_template = "django_outbox/admin/change_form.html"
@@ -68,8 +87,13 @@ class OutboxMessageAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdm
         "blocked",
         ("created_at", admin.DateFieldListFilter),
     )
-    search_fields = ("^key", "^type", "=correlation_id")
-    search_help_text = "A message id or correlation id (exact), or the start of a key or a type."
+    # Shows the search box; OUTBOX_SEARCH reads it (admin.search).
+    search_fields = ("message_id", "correlation_id", "key")
+    search = OUTBOX_SEARCH
+    search_help_text = (
+        "A message id or a correlation id (exact, case-sensitive), or the start of a key "
+        "(case-sensitive). type:<start of a type> reads the list in order: filter it first."
+    )
     list_per_page = 100
     # Counting a huge table on every page view is slow: no full count, and the
     # unfiltered list counts from the table's statistics (PostgreSQL).
@@ -178,19 +202,6 @@ class OutboxMessageAdmin(OperatorActions, HeldRows, ReadOnlyRows, admin.ModelAdm
                 for r in replies
             ),
         )
-
-    # -- search --------------------------------------------------------------
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[OutboxMessage], search_term: str
-    ) -> tuple[QuerySet[OutboxMessage], bool]:
-        """A term that is a UUID finds the message with that id too."""
-        results, duplicates = super().get_search_results(request, queryset, search_term)
-        try:
-            message_id = uuid.UUID(search_term.strip())
-        except ValueError:
-            return results, duplicates
-        return results | queryset.filter(message_id=message_id), duplicates
 
     # -- permissions ---------------------------------------------------------
 

@@ -154,6 +154,20 @@ class InboxMessage(EngineRow):
                 fields=("id",), condition=Q(state="handle_error"), name="inbox_msg_error_idx"
             ),
             models.Index(fields=("source", "key", "sequence"), name="inbox_msg_key_idx"),
+            # The admin (migration 0017): a request's page finds its replies (source and
+            # correlation id), the search a correlation id, exactly, and the start of a
+            # key (pattern_ops: PostgreSQL's LIKE 'prefix%' under any collation).
+            models.Index(
+                fields=("correlation_id", "source"),
+                condition=Q(correlation_id__isnull=False),
+                name="inbox_msg_correlation_idx",
+            ),
+            models.Index(
+                fields=("key",),
+                opclasses=("varchar_pattern_ops",),
+                condition=Q(key__isnull=False),
+                name="inbox_msg_key_prefix_idx",
+            ),
         )
         constraints = (
             models.UniqueConstraint(fields=("source", "message_id"), name="inbox_msg_unique"),

@@ -202,7 +202,22 @@ class Job(EngineRow):
                 condition=Q(state__in=("SUCCESSFUL", "FAILED")),
                 name="outbox_job_finished_idx",
             ),
-            models.Index(fields=("task_path", "state"), name="outbox_job_task_idx"),
+            # jobs_requeue --task, and the admin's search by the start of a task path
+            # (pattern_ops: PostgreSQL's LIKE 'prefix%' under any collation; equality
+            # too). Migration 0017.
+            models.Index(
+                fields=("task_path", "state"),
+                opclasses=("varchar_pattern_ops", "varchar_pattern_ops"),
+                name="outbox_job_task_idx",
+            ),
+            # The admin's search by unique key, whatever the job's state (the unique index
+            # of 0008 holds active jobs only). Not on MySQL/MariaDB: 0008's index on
+            # (unique_key, state) serves it there.
+            models.Index(
+                fields=("unique_key",),
+                condition=Q(unique_key__isnull=False),
+                name="outbox_job_unique_lookup_idx",
+            ),
             # The health page's figures (``django_outbox.health``) and the admin's list of
             # failed jobs: the FAILED jobs, newest first, and the jobs parked behind a
             # failed one of their serial key. PostgreSQL and SQLite only (migration 0016).

@@ -142,6 +142,20 @@ class OutboxMessage(EngineRow):
             models.Index(
                 fields=("id",), condition=Q(state="send_error"), name="outbox_msg_error_idx"
             ),
+            # The admin (migration 0017): a reply's page finds its request, the search a
+            # correlation id, exactly, and the start of a key (pattern_ops: PostgreSQL's
+            # LIKE 'prefix%' under any collation; ignored elsewhere).
+            models.Index(
+                fields=("correlation_id",),
+                condition=Q(correlation_id__isnull=False),
+                name="outbox_msg_correlation_idx",
+            ),
+            models.Index(
+                fields=("key",),
+                opclasses=("varchar_pattern_ops",),
+                condition=Q(key__isnull=False),
+                name="outbox_msg_key_prefix_idx",
+            ),
             # The health page's figures (``django_outbox.health``): the messages parked
             # behind a failed key, and the failed ones held as uncertain. Rows enter
             # them rarely; PostgreSQL and SQLite only (migration 0016).
