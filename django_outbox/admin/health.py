@@ -102,11 +102,8 @@ class HealthAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         engine_part = registered()[name](using=self.using())
         meta = engine_part.model._meta
         changelist = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
-        allowed = [
-            (verb, word)
-            for verb in failures.verbs(engine_part)
-            if self._may(request, engine_part, word := _word(engine_part, verb))
-        ]
+        words = [_word(engine_part, verb) for verb in failures.verbs(engine_part)]
+        allowed = [word for word in words if self._may(request, engine_part, word)]
         groups = []
         for group in part.failures.groups if part.failures is not None else ():
             query = {"part": name, "kind": group.kind, "target": group.target}
@@ -120,7 +117,7 @@ class HealthAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                             "url": f"{reverse('admin:django_outbox_health_group')}?"
                             + urlencode({**query, "verb": word}),
                         }
-                        for _, word in allowed
+                        for word in allowed
                     ],
                 }
             )
