@@ -194,3 +194,24 @@ def test_the_page_refreshes_when_asked(admin_client):
     assert 'http-equiv="refresh"' not in admin_client.get(page).text
     assert '<meta http-equiv="refresh" content="15">' in admin_client.get(page + "?refresh=15").text
     assert 'content="5"' in admin_client.get(page + "?refresh=1").text
+
+
+def test_each_group_links_to_its_part_s_list_filtered_to_its_rows(admin_client, now):
+    mine = failed_outbox(now, count=1)[0]
+    failed_outbox(now, count=1, destination="search")
+    message = make.inbox(now, InboxState.HANDLE_ERROR, last_error="KeyError: 'sku'")
+    make.inbox(now, InboxState.HANDLE_ERROR, last_error="ValueError: no")
+    job = make.failed_job(now, "builtins.ValueError", task_path="shop.jobs.bill")
+    make.failed_job(now, "builtins.ValueError", task_path="shop.jobs.other")
+    page = admin_client.get(reverse(PAGE)).text.replace("&amp;", "&")
+    for model, row, marker in (
+        ("outboxmessage", mine, "destination=billing"),
+        ("inboxmessage", message, "last_error__startswith=KeyError"),
+        ("job", job, "task_path=shop.jobs.bill"),
+    ):
+        changelist = reverse(f"admin:django_outbox_{model}_changelist")
+        (link,) = re.findall(rf'href="({re.escape(changelist)}\?[^"]*{marker}[^"]*)"', page)
+        listing = admin_client.get(link)
+        assert listing.status_code == 200, link
+        shown = set(re.findall(r'name="_selected_action" value="(\d+)"', listing.text))
+        assert shown == {str(row.pk)}, (link, shown)
