@@ -111,3 +111,13 @@ def test_a_real_process_exits_as_nagios_expects(settings, waited, code):
     output, _ = process.communicate(timeout=60)
     assert process.returncode == code, output
     assert output.startswith(f"django-outbox {('OK', 'WARNING', 'CRITICAL')[code]}")
+
+
+def test_a_database_that_cannot_be_reached_exits_3():
+    from tests.conftest import subprocess_env
+
+    env = subprocess_env(DATABASE_URL="postgres://postgres@127.0.0.1:1/nowhere")
+    process = spawn_manage("outbox_stats", env=env)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 3, output
+    assert output.startswith("UNKNOWN: the database could not be read:")
