@@ -47,7 +47,7 @@ from django_outbox.wire import HEADER_MESSAGE_ID
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from django_outbox.inbox.intake import Arrival
     from django_outbox.inbox.models import InboxMessage
@@ -139,6 +139,14 @@ def tracer() -> Tracer:
     if _tracer is None:
         _tracer = trace.get_tracer(SCOPE)
     return _tracer
+
+
+def use_tracer_provider(provider: TracerProvider | None) -> None:
+    """Make the spans here with *provider* instead of the global one (``None``: the global
+    one again): for tests and benchmarks, since OpenTelemetry lets a process install its
+    global provider only once."""
+    global _tracer
+    _tracer = provider.get_tracer(SCOPE) if provider is not None else None
 
 
 # -- the context stored with rows ------------------------------------------------------
@@ -411,4 +419,5 @@ __all__ = [
     "receiving",
     "record_failure",
     "running",
+    "use_tracer_provider",
 ]

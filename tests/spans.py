@@ -1,8 +1,9 @@
 """Capturing the spans a test makes: OpenTelemetry's SDK with an in-memory exporter.
 
-The SDK's tracer provider can be installed once per process, so it is installed the
-first time a test captures spans and stays; its spans go nowhere except while a
-test capturing them runs (``_Switch``).
+Each capture has a tracer provider of its own, handed to django-outbox with
+``tracing.use_tracer_provider`` and taken back at the end: the process's global
+provider is never installed (OpenTelemetry allows that once per process), so the
+tests that run afterwards run with the API alone, as they would without these.
 """
 
 from __future__ import annotations
@@ -10,51 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-
-class _Switch(SpanProcessor):
-    """Hands spans to the processors of the tests running now, to none otherwise."""
-
-    def __init__(self) -> None:
-        self.processors: list[SpanProcessor] = []
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        for processor in self.processors:
-            processor.on_start(span, parent_context=parent_context)
-
-    def on_end(self, span: ReadableSpan) -> None:
-        for processor in self.processors:
-            processor.on_end(span)
-
-
-_switch = _Switch()
-_installed = False
-
-
-def install() -> _Switch:
-    """The SDK's provider, installed globally once, feeding the switch."""
-    global _installed
-    if not _installed:
-        current = trace.get_tracer_provider()
-        if isinstance(current, TracerProvider):
-            current.add_span_processor(_switch)
-        else:
-            provider = TracerProvider()
-            provider.add_span_processor(_switch)
-            trace.set_tracer_provider(provider)
-        _installed = True
-    return _switch
+from django_outbox import tracing
 
 
 class Spans:
-    """The spans finished during a test, in the order they ended."""
+    """The spans finished during a capture, in the order they ended; ``tracer`` makes
+    the test's own spans (a request's, a handler's) with the same provider."""
 
-    def __init__(self, exporter: InMemorySpanExporter) -> None:
+    def __init__(self, provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
+        self.provider = provider
         self.exporter = exporter
+        self.tracer = provider.get_tracer("tests")
 
     def all(self) -> list[ReadableSpan]:
         return list(self.exporter.get_finished_spans())
@@ -73,21 +44,19 @@ class Spans:
     def names(self) -> list[str]:
         return [span.name for span in self.all()]
 
-    def clear(self) -> None:
-        self.exporter.clear()
-
 
 def capture() -> Iterator[Spans]:
-    """The spans made until the generator is closed (OpenTelemetry's SDK, sampling
-    everything): a test module's ``spans`` fixture is ``yield from capture()``."""
-    switch = install()
+    """The spans made until the generator is closed (every span sampled): a test
+    module's ``spans`` fixture is ``yield from capture()``."""
+    provider = TracerProvider()
     exporter = InMemorySpanExporter()
-    processor = SimpleSpanProcessor(exporter)
-    switch.processors.append(processor)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_tracer_provider(provider)
     try:
-        yield Spans(exporter)
+        yield Spans(provider, exporter)
     finally:
-        switch.processors.remove(processor)
+        tracing.use_tracer_provider(None)
+        provider.shutdown()
 
 
 def traceparent_of(span: Any) -> str:

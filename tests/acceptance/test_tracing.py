@@ -9,7 +9,6 @@ import json
 import textwrap
 
 import pytest
-from opentelemetry import trace
 
 import django_outbox
 from django_outbox.models import InboxMessage, InboxState, OutboxMessage, OutboxState
@@ -132,14 +131,14 @@ def test_the_trace_headers_survive_the_celery_transport_and_a_real_worker(
         INBOX={"SOURCES": {"peer": {"TRANSPORT": "celery", "QUEUE": queue_name}}},
     )
     sentry = {"sentry-trace": f"{'ab' * 16}-{'cd' * 8}-1", "baggage": "sentry-sample_rand=0.5"}
-    spans = capture()
-    next(spans)
+    capturing = capture()
+    spans = next(capturing)
     try:
-        with trace.get_tracer("shop").start_as_current_span("checkout") as checkout:
+        with spans.tracer.start_as_current_span("checkout") as checkout:
             payload = {"order": "c1"}
             sent = django_outbox.send("trace.checked", payload, to="peer", headers=sentry)
     finally:
-        spans.close()
+        capturing.close()
     assert Relay().drain().sent == 1
     worker_spans = tmp_path / "worker.jsonl"
     worker = CeleryWorker(queue_name, TESTPROJECT_SPANS_FILE=str(worker_spans))

@@ -72,7 +72,7 @@ def setup_django() -> None:
 
 class Mode:
     """Switches tracing and the SDK for one measurement (the SDK is never installed as
-    the global provider: each mode hands its tracers over directly)."""
+    the global provider: each mode hands its provider to django-outbox directly)."""
 
     def __init__(self) -> None:
         from opentelemetry.sdk.trace import TracerProvider
@@ -81,7 +81,7 @@ class Mode:
             SpanExporter,
             SpanExportResult,
         )
-        from opentelemetry.trace import NoOpTracer
+        from opentelemetry.trace import NoOpTracer, NoOpTracerProvider
 
         class Dropped(SpanExporter):
             def export(self, spans: Any) -> SpanExportResult:
@@ -90,6 +90,7 @@ class Mode:
         self.provider = TracerProvider()
         self.provider.add_span_processor(BatchSpanProcessor(Dropped()))
         self.noop = NoOpTracer()
+        self.no_sdk = NoOpTracerProvider()
         #: The application's tracer (its request spans) in the current mode.
         self.application: Any = self.noop
         self.name = "off"
@@ -100,8 +101,8 @@ class Mode:
         self.provider.force_flush()
         self.name = name
         with_sdk = name.startswith("sdk")
-        tracing._enabled = name in ("api", "sdk")
-        tracing._tracer = self.provider.get_tracer("django_outbox") if with_sdk else self.noop
+        tracing._enabled = name in ("api", "sdk")  # as TRACING and an installed API say
+        tracing.use_tracer_provider(self.provider if with_sdk else self.no_sdk)
         self.application = self.provider.get_tracer("bench") if with_sdk else self.noop
 
     def headers(self) -> dict[str, str]:

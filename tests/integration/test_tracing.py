@@ -27,8 +27,6 @@ from tests.spans import capture, traceparent_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-tracer = trace.get_tracer("tests")
-
 
 @pytest.fixture
 def spans():
@@ -43,13 +41,13 @@ class FailingTransport(Transport):
 
 
 @pytest.fixture
-def traced_handler():
+def traced_handler(spans):
     """A handler of ``trace.test`` that opens a span of its own and sends a message from
     inside; ``fail`` in the payload makes it raise."""
 
     @handler("trace.test")
     def handle(message):
-        with tracer.start_as_current_span("inside the handler"):
+        with spans.tracer.start_as_current_span("inside the handler"):
             django_outbox.send("trace.onward", {}, to="default")
         if message.payload.get("fail"):
             raise ValueError("cannot handle this one")
@@ -73,7 +71,7 @@ def _memory():
 
 
 def test_send_stores_the_current_span_s_context_and_nothing_without_one(spans):
-    with tracer.start_as_current_span("checkout") as span:
+    with spans.tracer.start_as_current_span("checkout") as span:
         message = django_outbox.send("order.paid", {"n": 1})
     bare = django_outbox.send("order.paid", {"n": 2})
     stored = OutboxMessage.objects.get(pk=message.pk)
@@ -90,7 +88,7 @@ def test_send_stores_the_tracestate_and_keeps_a_traceparent_it_is_given(spans):
         trace_state=TraceState([("vendor", "v1")]),
     )
     context = trace.set_span_in_context(NonRecordingSpan(upstream))
-    with tracer.start_as_current_span("checkout", context=context) as span:
+    with spans.tracer.start_as_current_span("checkout", context=context) as span:
         message = django_outbox.send("order.paid", {})
         given = "00-0000000000000000000000000000000a-000000000000000b-01"
         explicit = django_outbox.send("order.paid", {}, headers={"Traceparent": given})
@@ -103,7 +101,7 @@ def test_send_stores_the_tracestate_and_keeps_a_traceparent_it_is_given(spans):
 
 def test_with_tracing_off_nothing_is_stored_and_no_span_made(spans, configure_outbox):
     configure_outbox(TRACING=False)
-    with tracer.start_as_current_span("checkout"):
+    with spans.tracer.start_as_current_span("checkout"):
         message = django_outbox.send("order.paid", {})
         received, _ = django_outbox.receive("order.paid", {}, source="s", message_id="m-1")
     assert OutboxMessage.objects.get(pk=message.pk).headers == {}
@@ -123,7 +121,7 @@ def test_tracing_must_be_a_bool(configure_outbox):
 
 def test_receive_keeps_the_context_a_message_came_with_else_stores_the_current_one(spans):
     producer = "00-000000000000000000000000000000aa-00000000000000bb-01"
-    with tracer.start_as_current_span("consumer") as span:
+    with spans.tracer.start_as_current_span("consumer") as span:
         carried, _ = django_outbox.receive(
             "order.paid", {}, source="s", message_id="m-1", headers={"traceparent": producer}
         )
@@ -159,7 +157,7 @@ def test_a_traceparent_is_parsed_strictly():
 
 
 def test_the_relay_publishes_in_a_child_span_of_the_producer(spans):
-    with tracer.start_as_current_span("checkout") as producer:
+    with spans.tracer.start_as_current_span("checkout") as producer:
         message = django_outbox.send("order.paid", {}, to="default")
     assert Relay().drain().sent == 1
     publish = spans.one("publish default")
@@ -180,7 +178,7 @@ def test_the_relay_publishes_in_a_child_span_of_the_producer(spans):
 def test_a_batch_from_several_traces_is_published_in_one_span_linked_to_each(spans):
     producers = []
     for n in range(3):
-        with tracer.start_as_current_span(f"request {n}") as span:
+        with spans.tracer.start_as_current_span(f"request {n}") as span:
             producers.append(span.get_span_context())
             django_outbox.send("order.paid", {"n": n})
             django_outbox.send("order.paid", {"n": n, "again": True})  # same context: one link
@@ -212,7 +210,7 @@ def test_the_handler_runs_in_a_span_of_the_producer_s_trace(
     spans, configure_outbox, traced_handler
 ):
     local_pipeline(configure_outbox)
-    with tracer.start_as_current_span("checkout") as producer:
+    with spans.tracer.start_as_current_span("checkout") as producer:
         sent = django_outbox.send("trace.test", {}, to="peer", key="k", correlation_id="c-1")
     assert Relay().drain().sent == 1
     assert Inbox().drain().done == 1
@@ -245,7 +243,7 @@ def test_a_failing_handler_s_span_is_an_error_with_the_exception(
     spans, configure_outbox, traced_handler
 ):
     local_pipeline(configure_outbox)
-    with tracer.start_as_current_span("checkout"):
+    with spans.tracer.start_as_current_span("checkout"):
         django_outbox.send("trace.test", {"fail": True}, to="peer")
     Relay().drain()
     Inbox().drain()
@@ -264,7 +262,7 @@ def test_a_job_runs_in_a_child_span_of_the_enqueue_context_failures_recorded(spa
     from django_outbox.jobs.running import Jobs
     from testproject.shop import jobs
 
-    with tracer.start_as_current_span("request") as request:
+    with spans.tracer.start_as_current_span("request") as request:
         with transaction.atomic():
             good = jobs.add.enqueue(2, 3)
             jobs.always_fails.enqueue("no")
@@ -299,7 +297,7 @@ def test_inbox_consume_receives_a_batch_in_one_span_linked_to_each_producer(
     configure_outbox(DESTINATIONS={"peer": kombu, **_memory()}, INBOX={"SOURCES": {"peer": kombu}})
     producers = []
     for n in range(2):
-        with tracer.start_as_current_span(f"request {n}") as span:
+        with spans.tracer.start_as_current_span(f"request {n}") as span:
             producers.append(span.get_span_context())
             django_outbox.send("trace.test", {"n": n}, to="peer")
     assert Relay().drain().sent == 2
@@ -351,7 +349,7 @@ def test_the_trace_headers_travel_through_rabbitmq(spans, configure_outbox, amqp
     configure_outbox(
         DESTINATIONS={"peer": {"TRANSPORT": "kombu", "URL": amqp_url, "QUEUE": queue_name}}
     )
-    with tracer.start_as_current_span("checkout") as span:
+    with spans.tracer.start_as_current_span("checkout") as span:
         django_outbox.send("order.paid", {}, to="peer", headers={"baggage": "tenant=acme"})
     assert Relay().drain().sent == 1
     with Connection(amqp_url) as connection:

@@ -14,7 +14,6 @@ import uuid
 import pytest
 import sentry_sdk
 from django.core.management import call_command
-from opentelemetry import trace
 from sentry_sdk.integrations.opentelemetry import SentrySpanProcessor
 from sentry_sdk.transport import Transport
 
@@ -84,16 +83,16 @@ def test_recipe_1_the_opentelemetry_bridge_puts_the_handler_in_the_producer_s_tr
         INBOX={"SOURCES": {"shop": {"TRANSPORT": "local"}}},
     )
     kept = sentry(instrumenter="otel")
-    switch = span_capture.install()
-    bridge = SentrySpanProcessor()
-    switch.processors.append(bridge)
+    capturing = span_capture.capture()
+    spans = next(capturing)
+    spans.provider.add_span_processor(SentrySpanProcessor())  # the recipe's bridge
     try:
-        with trace.get_tracer("shop").start_as_current_span("checkout"):
+        with spans.tracer.start_as_current_span("checkout"):
             django_outbox.send("payment.captured", {"order": "o1"}, to="billing")
         assert Relay().drain().sent == 1
         assert Inbox().drain().done == 1
     finally:
-        switch.processors.remove(bridge)
+        capturing.close()
     sentry_sdk.flush()
     transactions = kept.transactions()
     checkout = by_name(transactions, "checkout")
@@ -173,8 +172,8 @@ def test_contexts_in_sentry_s_format_are_followed_by_the_relay_and_the_handler(
         INBOX={"SOURCES": {"shop": {"TRANSPORT": "local"}}},
     )
     producers = [f"{n:032x}-{n + 16:016x}-1" for n in (1, 2)]
-    spans = span_capture.capture()
-    captured = next(spans)
+    capturing = span_capture.capture()
+    spans = next(capturing)
     try:
         for producer in producers:
             django_outbox.send(
@@ -186,9 +185,9 @@ def test_contexts_in_sentry_s_format_are_followed_by_the_relay_and_the_handler(
         assert Relay().drain().sent == 2
         assert Inbox().drain().done == 2
     finally:
-        spans.close()
+        capturing.close()
     wanted = {(int(p[:32], 16), int(p[33:49], 16)) for p in producers}
-    publish = captured.one("publish billing")
+    publish = spans.one("publish billing")
     assert {(link.context.trace_id, link.context.span_id) for link in publish.links} == wanted
-    handles = captured.named("handle payment.captured")
+    handles = spans.named("handle payment.captured")
     assert {(s.context.trace_id, s.parent.span_id) for s in handles} == wanted
