@@ -360,3 +360,30 @@ def test_the_trace_headers_travel_through_rabbitmq(spans, configure_outbox, amqp
     assert message.headers["traceparent"] == traceparent_of(span)
     assert message.headers["baggage"] == "tenant=acme"
     assert json.loads(message.body) == {}
+
+
+def test_the_http_transport_carries_the_context_to_a_live_webhook(
+    spans, configure_outbox, live_server
+):
+    secret = "s3cret"
+    configure_outbox(
+        DESTINATIONS={
+            "partner": {
+                "TRANSPORT": "http",
+                "URL": f"{live_server.url}/inbox/partner/",
+                "SECRET": secret,
+            }
+        },
+        INBOX={"SOURCES": {"partner": {"TRANSPORT": "webhook", "SECRET": secret}}},
+    )
+    with spans.tracer.start_as_current_span("checkout") as producer:
+        django_outbox.send("payment.captured", {"order": "h1"}, to="partner")
+    assert Relay().drain().sent == 1
+    stored = InboxMessage.objects.get()
+    assert stored.headers["traceparent"] == traceparent_of(producer)
+    assert Inbox().drain().done == 1
+    context = producer.get_span_context()
+    for name in ("publish partner", "receive partner", "handle payment.captured"):
+        span = spans.one(name)
+        assert (span.context.trace_id, span.parent.span_id) == (context.trace_id, context.span_id)
+    assert spans.one("publish partner").attributes["messaging.system"] == "http"
