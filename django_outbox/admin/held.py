@@ -12,18 +12,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
+from django_outbox.admin.shared import LargeTableChangeList
 from django_outbox.engine import holding, operator
 
 
-class HolderChangeList(ChangeList):
-    """A changelist page that reads who holds its rows in one query."""
+class HolderChangeList(LargeTableChangeList):
+    """A changelist page that reads who holds its rows in one query (and counts them as
+    ``LargeTableChangeList`` does)."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
@@ -60,7 +61,7 @@ class HeldRows:
     #: The row's field stamped when its attempt started.
     attempt_field = "attempted_at"
 
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[LargeTableChangeList]:
         return HolderChangeList
 
     def note_holders(self: Any, rows: Iterable[Any]) -> None:

@@ -168,6 +168,13 @@ class InboxMessage(EngineRow):
                 condition=Q(key__isnull=False),
                 name="inbox_msg_key_prefix_idx",
             ),
+            # The admin's filters that few rows match (has an error, attempts): the
+            # messages that failed at least once. PostgreSQL and SQLite (0018).
+            models.Index(
+                fields=("id",),
+                condition=Q(attempts__gt=1) | ~Q(last_error=""),
+                name="inbox_msg_troubled_idx",
+            ),
         )
         constraints = (
             models.UniqueConstraint(fields=("source", "message_id"), name="inbox_msg_unique"),

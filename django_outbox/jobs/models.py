@@ -218,6 +218,13 @@ class Job(EngineRow):
                 condition=Q(unique_key__isnull=False),
                 name="outbox_job_unique_lookup_idx",
             ),
+            # The admin's filters that few rows match (has an error, attempts): the jobs
+            # that failed at least once. PostgreSQL and SQLite (0018).
+            models.Index(
+                fields=("id",),
+                condition=Q(attempts__gt=1) | ~Q(last_error=""),
+                name="outbox_job_troubled_idx",
+            ),
             # The health page's figures (``django_outbox.health``) and the admin's list of
             # failed jobs: the FAILED jobs, newest first, and the jobs parked behind a
             # failed one of their serial key. PostgreSQL and SQLite only (migration 0016).

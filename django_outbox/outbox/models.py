@@ -156,6 +156,13 @@ class OutboxMessage(EngineRow):
                 condition=Q(key__isnull=False),
                 name="outbox_msg_key_prefix_idx",
             ),
+            # The admin's filters that few rows match (has an error, attempts, uncertain):
+            # the messages that failed at least once. PostgreSQL and SQLite (0018).
+            models.Index(
+                fields=("id",),
+                condition=Q(attempts__gt=1) | ~Q(last_error="") | Q(uncertain=True),
+                name="outbox_msg_troubled_idx",
+            ),
             # The health page's figures (``django_outbox.health``): the messages parked
             # behind a failed key, and the failed ones held as uncertain. Rows enter
             # them rarely; PostgreSQL and SQLite only (migration 0016).
