@@ -50,8 +50,8 @@ class Kept(Transport):
 
 @pytest.fixture
 def sentry():
-    """Start Sentry's client with a transport of ours (``sentry(**options)``); closed and
-    replaced by a disabled one afterwards."""
+    """Start Sentry's client with a transport of ours (``sentry(**options)``), without
+    its integrations; closed and replaced by a disabled one afterwards."""
 
     def start(**options):
         sentry_sdk.init(
@@ -66,7 +66,10 @@ def sentry():
 
     yield start
     sentry_sdk.get_client().close()
-    sentry_sdk.init()  # no DSN: disabled
+    # Disabled again, and with no integration: sentry-sdk's default ones patch Celery,
+    # Django, redis… for the rest of the process (its Celery one writes sentry-trace
+    # into every task message, even without a DSN).
+    sentry_sdk.init(default_integrations=False, auto_enabling_integrations=False)
 
 
 def by_name(transactions, name):
