@@ -14,6 +14,7 @@ from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -21,6 +22,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.functional import cached_property
 
+from django_outbox.admin import bulk
+from django_outbox.admin.shared import count_within_budget
 from django_outbox.engine import operator
 from django_outbox.engine.operator import Verb
 
@@ -59,10 +62,18 @@ class Action:
     on_page: bool = True
     #: The permission it needs (``has_<permission>_permission``; default: its name).
     permission: str = ""
+    #: Further states whose rows it acts on without moving them (a cancel asks running
+    #: jobs to stop).
+    reaches: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         return self.name.capitalize()
+
+    @property
+    def touches(self) -> tuple[str, ...]:
+        """Every state whose rows it acts on."""
+        return (*self.allowed, *self.reaches)
 
 
 def engine_actions(model: type[Any], consequences: Mapping[Verb, str]) -> dict[str, Action]:
@@ -75,6 +86,8 @@ def engine_actions(model: type[Any], consequences: Mapping[Verb, str]) -> dict[s
         if not allowed:
             continue
         word = rules.word(verb)
+        running = operator.part_class(model).lifecycle.running
+        asks = verb is Verb.CANCEL and rules.stop_field is not None and running is not None
         actions[word] = Action(
             name=word,
             past=rules.past(verb),
@@ -82,6 +95,7 @@ def engine_actions(model: type[Any], consequences: Mapping[Verb, str]) -> dict[s
             apply=partial(operator.act, verb),
             final=verb is not Verb.REQUEUE,
             consequence=consequences.get(verb, ""),
+            reaches=(str(running),) if asks else (),
         )
     return actions
 
@@ -148,9 +162,13 @@ class OperatorActions:
         confirmed: bool = False,
     ) -> HttpResponse | None:
         """Apply the action *name* to *queryset*; a final one asks first (unless
-        *confirmed*). Records each row moved in the admin's history."""
+        *confirmed*). Records each row moved in the admin's history; a selection of more
+        than ``bulk.BULK_ROWS`` rows moves in steps, recorded once (``admin.bulk``)."""
         action = self.operator_actions[name]
         confirmed = confirmed or bool(request.POST.get("confirmed"))
+        large = "bulk_after" in request.POST or (
+            queryset.order_by()[: bulk.BULK_ROWS + 1].count() > bulk.BULK_ROWS
+        )
         if action.final and not confirmed:
             return TemplateResponse(
                 request,
@@ -162,12 +180,20 @@ class OperatorActions:
                     "past": action.past,
                     "consequence": action.consequence,
                     "objects": queryset[:100],
-                    "count": queryset.count(),
+                    "count": count_within_budget(queryset.order_by())
+                    if large
+                    else queryset.count(),
+                    "large": large,
+                    "described": bulk.described(request),
                     "action": request.POST.get("action", ""),
+                    "select_across": request.POST.get("select_across", ""),
                     "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
                     "opts": self.model._meta,
                 },
             )
+        if large:
+            stepped: HttpResponse | None = self.operate_in_steps(request, queryset, action)
+            return stepped
         selected = queryset.count()
         moved = action.apply(queryset.order_by())
         self.log_operator_change(request, queryset.db, moved.ids, f"{action.past.capitalize()}")
@@ -189,6 +215,95 @@ class OperatorActions:
                 messages.WARNING,
             )
         return None
+
+    def operate_in_steps(
+        self: Any, request: HttpRequest, queryset: QuerySet[Any], action: Action
+    ) -> HttpResponse | None:
+        """One step of *action* on a large selection (``admin.bulk``): rows past the row
+        id the last step reached, for ``bulk.STEP_SECONDS``; then the progress page, or,
+        once done, the list with what moved. One history entry, updated each step."""
+        post = request.POST
+        first = "bulk_after" not in post
+        total = (
+            count_within_budget(queryset.filter(state__in=action.touches).order_by())
+            if first
+            else bulk.carried(post, "bulk_total") or None
+        )
+        done = bulk.step(
+            action.apply,
+            queryset.filter(state__in=action.touches),
+            after=bulk.carried(post, "bulk_after"),
+        )
+        moved = bulk.carried(post, "bulk_moved") + done.moved
+        stopping = bulk.carried(post, "bulk_stopping") + done.stopping
+        noun = f"{self.operator_noun}(s)"
+        what = bulk.described(request)
+        of = f" of {total:,}" if total else ""
+        said = f"{action.past.capitalize()} {moved:,}{of} selected {noun} (list: {what})"
+        if stopping:
+            said += f"; {stopping:,} running {noun} asked to stop"
+        ended = done.after is None
+        history = f"{said} through the admin, in steps{'' if ended else '; still going'}."
+        entry = self.log_bulk_change(request, queryset.db, post, history, what)
+        if not ended:
+            return TemplateResponse(
+                request,
+                "django_outbox/admin/bulk_progress.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": f"{action.label}: {moved:,}{of} so far",
+                    "said": said,
+                    "seconds": f"{bulk.STEP_SECONDS:g}",
+                    "states": ", ".join(str(state) for state in action.allowed),
+                    "carry": {
+                        "action": post.get("action", ""),
+                        "select_across": post.get("select_across", ""),
+                        "confirmed": "yes",
+                        "bulk_after": done.after,
+                        "bulk_total": total or 0,
+                        "bulk_moved": moved,
+                        "bulk_stopping": stopping,
+                        "bulk_entry": entry,
+                    },
+                    "selected": post.getlist(ACTION_CHECKBOX_NAME),
+                    "opts": self.model._meta,
+                },
+            )
+        self.message_user(request, f"{said}.", messages.SUCCESS)
+        left = (total or 0) - moved - stopping
+        if left > 0:
+            states = ", ".join(str(s) for s in action.allowed)
+            self.message_user(
+                request,
+                f"{left:,} {noun} left as they were: only those in {states} can be {action.past}.",
+                messages.WARNING,
+            )
+        return None
+
+    def log_bulk_change(
+        self: Any, request: HttpRequest, using: str, post: Any, message: str, what: str
+    ) -> int:
+        """The one history entry of a bulk action: made by its first step, updated by the
+        next ones (the entry the progress page carries, if it is this user's)."""
+        content_type = ContentType.objects.db_manager(using).get_for_model(self.model)
+        entry_id = bulk.carried(post, "bulk_entry")
+        if entry_id:
+            updated = LogEntry.objects.filter(
+                pk=entry_id,
+                user_id=request.user.pk,  # type: ignore[misc]
+                content_type=content_type,
+            ).update(change_message=message)
+            if updated:
+                return entry_id
+        entry = LogEntry.objects.create(
+            user_id=request.user.pk,  # type: ignore[misc]
+            content_type=content_type,
+            object_id=None,
+            object_repr=f"{self.model._meta.verbose_name_plural}: {what}"[:200],
+            action_flag=CHANGE,
+            change_message=message,
+        )
+        return int(entry.pk)
 
     def log_operator_change(
         self: Any, request: HttpRequest, using: str, ids: Sequence[Any], what: str

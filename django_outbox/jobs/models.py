@@ -256,7 +256,9 @@ class JobOperations(operator.Operations):
 
     def choose(self, verb: operator.Verb, rows: list[Any], using: str) -> list[Any]:
         if verb is operator.Verb.SKIP:
-            return [row for row in rows if row.resolution != Resolution.SKIPPED]
+            # Only jobs that failed: a cancelled or skipped one was given up on already
+            # (a skip would relabel it and record a change that changed nothing).
+            return [row for row in rows if row.resolution == Resolution.NONE]
         if verb is not operator.Verb.REQUEUE:
             return rows
         # At most one READY or RUNNING job has a unique key: the oldest selected one
