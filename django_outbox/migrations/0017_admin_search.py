@@ -18,95 +18,130 @@ indexes there (their columns are binary since 0002 and 0011, so ``LIKE 'prefix%'
 them as is). None of them is on ``id``, the column 0014 keeps out of secondary indexes
 there. SQLite keeps them through later table rebuilds: Django knows them.
 
-Each is built with a plain ``CREATE INDEX``, which blocks writes to its table while it is
-built (seconds to a minute at millions of rows): see the upgrade notes in
-docs/operations.md to build them beforehand, concurrently, on PostgreSQL.
+On PostgreSQL each is built ``CONCURRENTLY`` (writes go on meanwhile; the migration is
+not atomic), and one that exists already is kept: they can be built beforehand (see
+docs/operations.md, "Upgrading"). The task index is built under a new name, then takes
+the old one's place. MySQL/MariaDB build indexes online (InnoDB), SQLite plainly.
 """
 
 from django.db import migrations, models
 
-TASK_INDEX = models.Index(fields=["task_path", "state"], name="outbox_job_task_idx")
-TASK_PATTERN_INDEX = models.Index(
-    fields=["task_path", "state"],
-    name="outbox_job_task_idx",
-    opclasses=("varchar_pattern_ops", "varchar_pattern_ops"),
+OUTBOX_INDEXES = (
+    (
+        "outboxmessage",
+        models.Index(
+            condition=models.Q(("correlation_id__isnull", False)),
+            fields=["correlation_id"],
+            name="outbox_msg_correlation_idx",
+        ),
+    ),
+    (
+        "outboxmessage",
+        models.Index(
+            condition=models.Q(("key__isnull", False)),
+            fields=["key"],
+            name="outbox_msg_key_prefix_idx",
+            opclasses=("varchar_pattern_ops",),
+        ),
+    ),
+    (
+        "inboxmessage",
+        models.Index(
+            condition=models.Q(("correlation_id__isnull", False)),
+            fields=["correlation_id", "source"],
+            name="inbox_msg_correlation_idx",
+        ),
+    ),
+    (
+        "inboxmessage",
+        models.Index(
+            condition=models.Q(("key__isnull", False)),
+            fields=["key"],
+            name="inbox_msg_key_prefix_idx",
+            opclasses=("varchar_pattern_ops",),
+        ),
+    ),
 )
 UNIQUE_LOOKUP_INDEX = models.Index(
     condition=models.Q(("unique_key__isnull", False)),
     fields=["unique_key"],
     name="outbox_job_unique_lookup_idx",
 )
+TASK_INDEX = models.Index(fields=["task_path", "state"], name="outbox_job_task_idx")
+TASK_PATTERN_INDEX = models.Index(
+    fields=["task_path", "state"],
+    name="outbox_job_task_idx",
+    opclasses=("varchar_pattern_ops", "varchar_pattern_ops"),
+)
+
+
+def build(apps, schema_editor, indexes):
+    """Create *indexes*: concurrently on PostgreSQL, skipping one that exists."""
+    connection = schema_editor.connection
+    for model_name, index in indexes:
+        model = apps.get_model("django_outbox", model_name)
+        if connection.vendor != "postgresql":
+            schema_editor.add_index(model, index)
+            continue
+        with connection.cursor() as cursor:
+            present = connection.introspection.get_constraints(cursor, model._meta.db_table)
+        if index.name not in present:
+            schema_editor.execute(
+                index.create_sql(model, schema_editor, concurrently=True), params=None
+            )
+
+
+def unbuild(apps, schema_editor, indexes):
+    for model_name, index in indexes:
+        schema_editor.remove_index(apps.get_model("django_outbox", model_name), index)
+
+
+def create(apps, schema_editor):
+    build(apps, schema_editor, OUTBOX_INDEXES)
+    if schema_editor.connection.vendor != "mysql":
+        build(apps, schema_editor, [("job", UNIQUE_LOOKUP_INDEX)])
+
+
+def drop(apps, schema_editor):
+    unbuild(apps, schema_editor, OUTBOX_INDEXES)
+    if schema_editor.connection.vendor != "mysql":
+        unbuild(apps, schema_editor, [("job", UNIQUE_LOOKUP_INDEX)])
+
+
+def swap_task_index(apps, schema_editor, old, new):
+    """PostgreSQL only: build *new* beside *old*, then put it in *old*'s place."""
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    building = models.Index(
+        fields=new.fields, name="outbox_job_task_new_idx", opclasses=new.opclasses
+    )
+    build(apps, schema_editor, [("job", building)])
+    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {old.name}")
+    schema_editor.execute(f"ALTER INDEX {building.name} RENAME TO {new.name}")
 
 
 def task_index_for_patterns(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    job = apps.get_model("django_outbox", "Job")
-    schema_editor.remove_index(job, TASK_INDEX)
-    schema_editor.add_index(job, TASK_PATTERN_INDEX)
+    swap_task_index(apps, schema_editor, TASK_INDEX, TASK_PATTERN_INDEX)
 
 
 def task_index_back(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    job = apps.get_model("django_outbox", "Job")
-    schema_editor.remove_index(job, TASK_PATTERN_INDEX)
-    schema_editor.add_index(job, TASK_INDEX)
-
-
-def unique_lookup(apps, schema_editor):
-    if schema_editor.connection.vendor == "mysql":
-        return
-    schema_editor.add_index(apps.get_model("django_outbox", "Job"), UNIQUE_LOOKUP_INDEX)
-
-
-def unique_lookup_back(apps, schema_editor):
-    if schema_editor.connection.vendor == "mysql":
-        return
-    schema_editor.remove_index(apps.get_model("django_outbox", "Job"), UNIQUE_LOOKUP_INDEX)
+    swap_task_index(apps, schema_editor, TASK_PATTERN_INDEX, TASK_INDEX)
 
 
 class Migration(migrations.Migration):
-    atomic = False  # MySQL cannot run DDL inside a transaction
+    atomic = False  # CREATE INDEX CONCURRENTLY; MySQL cannot run DDL in a transaction
 
     dependencies = [
         ("django_outbox", "0016_health"),
     ]
 
     operations = [
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(("correlation_id__isnull", False)),
-                fields=["correlation_id"],
-                name="outbox_msg_correlation_idx",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(("key__isnull", False)),
-                fields=["key"],
-                name="outbox_msg_key_prefix_idx",
-                opclasses=("varchar_pattern_ops",),
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="inboxmessage",
-            index=models.Index(
-                condition=models.Q(("correlation_id__isnull", False)),
-                fields=["correlation_id", "source"],
-                name="inbox_msg_correlation_idx",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="inboxmessage",
-            index=models.Index(
-                condition=models.Q(("key__isnull", False)),
-                fields=["key"],
-                name="inbox_msg_key_prefix_idx",
-                opclasses=("varchar_pattern_ops",),
-            ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddIndex(model_name=model_name, index=index)
+                for model_name, index in (*OUTBOX_INDEXES, ("job", UNIQUE_LOOKUP_INDEX))
+            ],
+            database_operations=[migrations.RunPython(create, drop, elidable=False)],
         ),
         migrations.SeparateDatabaseAndState(
             state_operations=[
@@ -115,12 +150,6 @@ class Migration(migrations.Migration):
             ],
             database_operations=[
                 migrations.RunPython(task_index_for_patterns, task_index_back, elidable=False)
-            ],
-        ),
-        migrations.SeparateDatabaseAndState(
-            state_operations=[migrations.AddIndex(model_name="job", index=UNIQUE_LOOKUP_INDEX)],
-            database_operations=[
-                migrations.RunPython(unique_lookup, unique_lookup_back, elidable=False)
             ],
         ),
     ]

@@ -10,7 +10,8 @@ count). A healthy row never enters them; a failing one pays one small entry.
 
 MySQL/MariaDB ignore index conditions: there each would be a second whole index on
 ``id``, the deadlock 0014 removed, so they are not created there, and these filters
-read the table.
+read the table. On PostgreSQL they are built ``CONCURRENTLY`` (writes go on), and one
+built beforehand is kept (docs/operations.md, "Upgrading").
 """
 
 from django.db import migrations, models
@@ -53,10 +54,21 @@ INDEXES = (
 
 
 def create(apps, schema_editor):
-    if schema_editor.connection.vendor == "mysql":
+    """Concurrently on PostgreSQL, skipping one built beforehand; plainly on SQLite."""
+    connection = schema_editor.connection
+    if connection.vendor == "mysql":
         return
     for model_name, index in INDEXES:
-        schema_editor.add_index(apps.get_model("django_outbox", model_name), index)
+        model = apps.get_model("django_outbox", model_name)
+        if connection.vendor != "postgresql":
+            schema_editor.add_index(model, index)
+            continue
+        with connection.cursor() as cursor:
+            present = connection.introspection.get_constraints(cursor, model._meta.db_table)
+        if index.name not in present:
+            schema_editor.execute(
+                index.create_sql(model, schema_editor, concurrently=True), params=None
+            )
 
 
 def drop(apps, schema_editor):
@@ -67,7 +79,7 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    atomic = False  # MySQL cannot run DDL inside a transaction
+    atomic = False  # CREATE INDEX CONCURRENTLY
 
     dependencies = [
         ("django_outbox", "0017_admin_search"),
