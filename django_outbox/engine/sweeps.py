@@ -247,9 +247,26 @@ def stale_sweeps(using: str = DEFAULT_DB_ALIAS) -> list[StaleSweep]:
         last, silent_for = marks.get(name, (None, None))
         if silent_for is not None and silent_for < limit:
             continue
-        life = part_class.lifecycle
-        rows = part_class.model._default_manager.using(using)
-        waiting = [state for state in (life.ready, life.running) if state is not None]
-        if rows.filter(state__in=waiting).exists():
+        if _has_unfinished(part_class, using):
             stale.append(StaleSweep(part=name, last_run_at=last, silent_for=silent_for))
     return stale
+
+
+def _has_unfinished(part_class: type[Part], using: str) -> bool:
+    """Whether *part_class* has rows waiting or running: one ``EXISTS`` per state (and,
+    where rows can be parked, per ``blocked`` value), each answered by a partial index
+    of that state. ``state IN (…)`` matches none of them: PostgreSQL would read the
+    whole table when no row waits (seconds at millions of finished rows)."""
+    life = part_class.lifecycle
+    rows = part_class.model._default_manager.using(using)
+    parks = any(field.name == "blocked" for field in part_class.model._meta.concrete_fields)
+    for state in (life.ready, life.running):
+        if state is None:
+            continue
+        in_state = rows.filter(state=state)
+        if state == life.ready and parks:
+            if in_state.filter(blocked=False).exists() or in_state.filter(blocked=True).exists():
+                return True
+        elif in_state.exists():
+            return True
+    return False

@@ -194,3 +194,26 @@ def test_the_jobs_sweeps_and_renewals_read_their_partial_indexes(job_history):
             text = "\n".join(row[0] for row in cursor.fetchall())
             assert "Seq Scan" not in text, f"{sql}\n{text}"
             assert any(name in text for name in partial), f"{sql}\n{text}"
+
+
+def test_the_stale_sweep_check_reads_partial_indexes_when_nothing_waits(history):
+    """The admin lists and the heartbeats ask whether a part has unfinished rows when its
+    sweep is late; with none waiting the answer must not read the history."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_outbox.engine import sweeps
+
+    OutboxMessage.objects.filter(state=OutboxState.SHOULD_BE_SENT).update(
+        state=OutboxState.SENT, sent_at=timezone.now(), finished_at=timezone.now()
+    )
+    with CaptureQueriesContext(connection) as captured:
+        assert sweeps.stale_sweeps() == []  # no sweep ever ran, but nothing waits
+    statements = [
+        q["sql"] for q in captured.captured_queries if '"django_outbox_message"' in q["sql"]
+    ]
+    assert len(statements) >= 2, statements
+    with connection.cursor() as cursor:
+        for sql in statements:
+            cursor.execute("EXPLAIN " + sql)
+            text = "\n".join(row[0] for row in cursor.fetchall())
+            assert "Seq Scan" not in text, f"{sql}\n{text}"
