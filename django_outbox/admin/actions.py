@@ -132,14 +132,17 @@ class OperatorActions:
                     self.message_user(request, found.describe(), messages.WARNING)
         return super().changelist_view(request, extra_context)  # type: ignore[misc,no-any-return]
 
-    def response_action(self: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+    def response_action(
+        self: Any, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> Any:
         """Django's, for a list action the user may take on selected row ids: a forged id
-        that is not one is a 400 (Django's ``pk__in`` filter raised a 500)."""
+        that is not one is a 400 (Django's ``pk__in`` filter raised a 500). Django 6.1's
+        ``action_location`` goes through untouched."""
         if request.POST.get("action") in self.get_actions(request):
             selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
             if any(row_id(value) is None for value in selected):
                 raise BadRequest("the selected rows must be given by their row ids")
-        return super().response_action(request, queryset)  # type: ignore[misc]
+        return super().response_action(request, queryset, *args, **kwargs)  # type: ignore[misc]
 
     def state_actions(self) -> dict[str, list[str]]:
         """Every state of the rows, with the actions an operator may take from it."""

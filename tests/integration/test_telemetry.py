@@ -25,7 +25,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def empty_tally():
+def empty_tally(monkeypatch):
+    # Flushed when a test says so, not when five seconds have passed since the last.
+    monkeypatch.setattr(telemetry, "FLUSH_SECONDS", 3600.0)
     telemetry.discard()
     yield
     telemetry.discard()
@@ -201,3 +203,16 @@ def test_scraped_gauges_say_what_the_database_holds(client, configure_outbox, mo
     # The probe's verdicts: rows due 90 s with no live worker.
     assert gauge("health_status", part="outbox", check="oldest_due") == 1
     assert gauge("health_status", part="inbox", check="oldest_due") == 0
+
+
+def test_a_process_without_heartbeat_flushes_after_a_group_once_flush_seconds_passed(
+    monkeypatch, scripted
+):
+    monkeypatch.setattr(telemetry, "FLUSH_SECONDS", 0.0)
+    with transaction.atomic():
+        django_outbox.send("order.created", {})
+
+    Relay().drain()
+
+    assert telemetry.pending() == {}
+    assert table() == {("outbox", "done"): 1}
