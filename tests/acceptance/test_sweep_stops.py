@@ -50,7 +50,13 @@ def test_the_worker_warns_when_beat_stops_and_when_it_is_back(configure_outbox, 
                 timeout=60,
                 what="the beat sweep to deliver the row",
             )
-            assert SweepMark.objects.filter(part="outbox").exists()
+            # (A trigger another test left in the shared queue may have delivered it
+            # first: the sweeps' own mark is what this test needs.)
+            wait_for(
+                lambda: SweepMark.objects.filter(part="outbox").exists(),
+                timeout=10,
+                what="beat's outbox sweep to stamp its mark",
+            )
 
             beat.send_signal(signal.SIGKILL)
             beat.wait(timeout=10)
