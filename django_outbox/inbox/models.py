@@ -37,6 +37,13 @@ REQUEUEABLE_STATES = (InboxState.HANDLE_ERROR,)
 SKIPPABLE_STATES = (InboxState.SHOULD_BE_HANDLED, InboxState.HANDLE_ERROR)
 
 
+#: Messages of ``strict`` keys deferred behind a missing sequence (the handler records
+#: why in ``last_error``): a queryset filter and a partial index's condition.
+WAITING_FOR_GAP = Q(state="should_be_handled", key__isnull=False) & (
+    Q(last_error__startswith="waiting for sequence") | Q(last_error__startswith="gap alert: ")
+)
+
+
 class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
     """Selections and operator actions over incoming messages (the actions are the
     engine's, see ``engine.operator``)."""
@@ -54,10 +61,7 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
 
     def waiting_for_gap(self) -> InboxMessageQuerySet:
         """Messages of ``strict`` keys that wait for an earlier sequence."""
-        return self.filter(state=InboxState.SHOULD_BE_HANDLED, key__isnull=False).filter(
-            Q(last_error__startswith="waiting for sequence")
-            | Q(last_error__startswith="gap alert: ")
-        )
+        return self.filter(WAITING_FOR_GAP)
 
     def release_gaps(self, now: datetime | None = None) -> int:
         """Give up waiting: move each selected waiting message's key cursor to just before
@@ -175,6 +179,10 @@ class InboxMessage(EngineRow):
                 condition=Q(attempts__gt=1) | ~Q(last_error=""),
                 name="inbox_msg_troubled_idx",
             ),
+            # The admin's "waiting for a gap" filter and the gap release: the messages
+            # deferred behind a missing sequence, and only them. PostgreSQL and SQLite
+            # (0019).
+            models.Index(fields=("id",), condition=WAITING_FOR_GAP, name="inbox_msg_gap_idx"),
         )
         constraints = (
             models.UniqueConstraint(fields=("source", "message_id"), name="inbox_msg_unique"),

@@ -198,6 +198,7 @@ def test_a_reply_s_page_finds_its_request_through_an_index(admin_client, tables)
         (OutboxMessage, "has_error=yes", "outbox_msg_troubled_idx"),
         (InboxMessage, "attempts=6%2B", "inbox_msg_troubled_idx"),
         (InboxMessage, "has_error=yes", "inbox_msg_troubled_idx"),
+        (InboxMessage, "gap=waiting", "inbox_msg_gap_idx"),
         (Job, "attempts=2-5", "outbox_job_troubled_idx"),
         (Job, "has_error=yes", "outbox_job_troubled_idx"),
     ],
