@@ -171,10 +171,17 @@ def get() -> _Metrics:
     return _metrics
 
 
+#: The attribute a step sets on a row it ran (seconds its handler or job took), read
+#: when the row's outcome is recorded: one histogram update per group, not per row.
+STEP_SECONDS = "_django_outbox_step_seconds"
+
+
 def recorded(part: Part, changes: Sequence[Change]) -> None:
     """Count a recorded group (``engine.telemetry.recorded`` calls this when enabled):
-    one increment per event and label, one histogram update per label, whatever the
-    group's size (about 0.5 µs a row: see ``make bench-telemetry``)."""
+    one increment per event and label, one histogram update per bucket and label,
+    whatever the group's size (under a microsecond a row: ``make bench-telemetry``).
+    The outbox's rows give their publish latency (from ``created_at``), the inbox's and
+    the jobs' the time their step took (``STEP_SECONDS``)."""
     from django_outbox.engine.telemetry import _EVENT_OF
 
     metrics = get()
@@ -183,27 +190,32 @@ def recorded(part: Part, changes: Sequence[Change]) -> None:
     done_transition = Transition.MARK_DONE
     done: dict[str, int] = {}
     others: dict[tuple[str, str], int] = {}
-    # Outbox: the publish latency of each done row, bucketed as it is read.
-    latency: dict[str, list[float]] | None = {} if name == "outbox" else None
-    bounds = LATENCY_BUCKETS
+    latency = name == "outbox"
+    bounds = LATENCY_BUCKETS if latency else DURATION_BUCKETS
+    # Per label: the count per bucket, then the sum (see add_bucketed).
+    observed: dict[str, list[float]] = {}
     now = datetime.now(UTC)
     for change in changes:
-        label = getattr(change.row, attribute)
-        if change.transition is done_transition:
+        row = change.row
+        label = getattr(row, attribute)
+        is_done = change.transition is done_transition
+        if is_done:
             done[label] = done.get(label, 0) + 1
-            if latency is not None:
-                created = change.row.created_at
-                if created is not None:
-                    seconds = (now - created).total_seconds()
-                    slots = latency.get(label)
-                    if slots is None:
-                        slots = latency[label] = [0.0] * (len(bounds) + 2)
-                    slots[bisect_left(bounds, seconds)] += 1
-                    slots[-1] += seconds if seconds > 0 else 0.0
-            continue
-        event = _EVENT_OF.get(change.transition)
-        if event is not None:
-            others[event, label] = others.get((event, label), 0) + 1
+        else:
+            event = _EVENT_OF.get(change.transition)
+            if event is not None:
+                others[event, label] = others.get((event, label), 0) + 1
+        if latency:
+            created = row.created_at if is_done else None
+            seconds = (now - created).total_seconds() if created is not None else None
+        else:
+            seconds = row.__dict__.get(STEP_SECONDS)
+        if seconds is not None:
+            slots = observed.get(label)
+            if slots is None:
+                slots = observed[label] = [0.0] * (len(bounds) + 2)
+            slots[bisect_left(bounds, seconds)] += 1
+            slots[-1] += seconds if seconds > 0 else 0.0
     counter = metrics.events[name, "done"]
     for label, number in done.items():
         counter.labels(label).inc(number)
@@ -216,23 +228,27 @@ def recorded(part: Part, changes: Sequence[Change]) -> None:
             failed[label] = failed.get(label, 0) + number
     for label, number in failed.items():
         metrics.failed[name].labels(label).inc(number)
-    for label, slots in (latency or {}).items():
-        add_bucketed(metrics.publish_latency.labels(label), slots)
+    histogram = {
+        "outbox": metrics.publish_latency,
+        "inbox": metrics.handle_duration,
+        "jobs": metrics.run_duration,
+    }[name]
+    for label, slots in observed.items():
+        add_bucketed(_child(histogram, label), slots, bounds)
     metrics.batch_size.labels(name).observe(len(changes))
 
 
-def add_bucketed(histogram: Any, slots: Sequence[float]) -> None:
+def add_bucketed(histogram: Any, slots: Sequence[float], bounds: Sequence[float]) -> None:
     """Add observations already bucketed to *histogram*: *slots* holds the count per
-    bucket of ``LATENCY_BUCKETS`` (plus one for +Inf), then the sum of the amounts.
-    One update per bucket instead of one ``observe()`` per amount (~2 µs each).
-    Reaches into prometheus-client's histogram child (``_buckets``, ``_sum``, there
-    since 0.4); falls back to ``observe`` (of each bucket's bound) if they are not."""
+    bucket of *bounds* (plus one for +Inf), then the sum of the amounts. One update per
+    bucket instead of one ``observe()`` per amount (~1-2 µs each). Reaches into
+    prometheus-client's histogram child (``_buckets``, ``_sum``, there since 0.4);
+    falls back to ``observe`` (of each bucket's bound) if they are not."""
     buckets = getattr(histogram, "_buckets", None)
     total = getattr(histogram, "_sum", None)
     counts = slots[:-1]
     if buckets is None or total is None or len(buckets) != len(counts):
-        bounds = (*LATENCY_BUCKETS, float("inf"))
-        for bound, number in zip(bounds, counts, strict=True):
+        for bound, number in zip((*bounds, float("inf")), counts, strict=True):
             for _ in range(int(number)):
                 histogram.observe(bound)
         return
@@ -272,14 +288,6 @@ def counted_on_commit(part: str, name: str, label: str, using: str, number: int 
     if number > 0 and enabled():
         counter = get().extra[part, name].labels(label)
         transaction.on_commit(lambda: counter.inc(number), using=using)
-
-
-def observe_handling(source: str, seconds: float) -> None:
-    _child(get().handle_duration, source).observe(seconds)
-
-
-def observe_run(queue: str, seconds: float) -> None:
-    _child(get().run_duration, queue).observe(seconds)
 
 
 # -- exposition ---------------------------------------------------------------

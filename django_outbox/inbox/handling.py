@@ -143,7 +143,7 @@ class Handling(Part):
                 if reply is not None and message.headers.get(HEADER_REPLY_TO):
                     self._reply(message, reply)
             if timed:
-                metrics.observe_handling(message.source, time.perf_counter() - began)
+                setattr(message, metrics.STEP_SECONDS, time.perf_counter() - began)
         except Exception as exc:
             if isinstance(exc, DatabaseError) and (
                 is_transient(exc) or connection_broken(self.using)
@@ -154,7 +154,7 @@ class Handling(Part):
             if not isolated:
                 raise _HandlerRaised from exc
             if timed:
-                metrics.observe_handling(message.source, time.perf_counter() - began)
+                setattr(message, metrics.STEP_SECONDS, time.perf_counter() - began)
             # Kept as the row's last_error and traceback: what PostgreSQL cannot store
             # (a NUL) is escaped, or recording the failure would fail the whole batch.
             details = {"traceback": storable(_handler_traceback(exc))}

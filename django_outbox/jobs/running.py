@@ -250,10 +250,10 @@ class Running(Part):
             _close_if_unusable(self.using)
             retry = task.retries(exc) if hasattr(task, "retries") else isinstance(exc, Exception)
             if timed:
-                metrics.observe_run(row.queue_name, time.perf_counter() - began)
+                setattr(row, metrics.STEP_SECONDS, time.perf_counter() - began)
             return self._failed(row, exc, retry=retry)
         if timed:
-            metrics.observe_run(row.queue_name, time.perf_counter() - began)
+            setattr(row, metrics.STEP_SECONDS, time.perf_counter() - began)
         try:
             check_return_value(value, row.task_path)
         except TypeError as exc:
