@@ -13,6 +13,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
+from django_outbox.engine import telemetry
 from django_outbox.outbox.transports import memory, registry
 from tests import services
 
@@ -80,6 +81,18 @@ def outbox_settings(settings: Any) -> Iterator[dict[str, Any]]:
     yield settings.DJANGO_OUTBOX
     registry.close_all()
     memory.clear()
+
+
+@pytest.fixture(autouse=True)
+def no_timed_telemetry_flush(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The per-minute tally is flushed when a test says so, never because 5 s have passed.
+
+    Otherwise a flush lands, now and then, inside a test that counts its queries.
+    """
+    monkeypatch.setattr(telemetry, "FLUSH_SECONDS", 3600.0)
+    telemetry.discard()
+    yield
+    telemetry.discard()
 
 
 @pytest.fixture

@@ -24,15 +24,6 @@ from django_outbox.outbox.relay import Relay
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def empty_tally(monkeypatch):
-    # Flushed when a test says so, not when five seconds have passed since the last.
-    monkeypatch.setattr(telemetry, "FLUSH_SECONDS", 3600.0)
-    telemetry.discard()
-    yield
-    telemetry.discard()
-
-
 @pytest.fixture
 def scripted(configure_outbox):
     return configure_outbox(
