@@ -34,12 +34,21 @@ from django.db.models import F, Value
 from django_outbox.engine import clock
 from django_outbox.engine.backoff import backoff_delay
 from django_outbox.engine.outcomes import Defer, Done, Fail, Outcome, Retry, Skip, Uncertain
+from django_outbox.validation import storable
 
 if TYPE_CHECKING:
     from django_outbox.engine.part import Part
 
 #: Characters of an error kept in ``last_error``.
 ERROR_CHARS = 4000
+
+
+def error_text(reason: str) -> str:
+    """*reason* as ``last_error`` keeps it: what a database refuses escaped (an exception's
+    text may hold a NUL, which PostgreSQL refuses in any text: the outcome would never be
+    recorded and the row would stay claimed), at most ``ERROR_CHARS`` characters."""
+    return storable(reason)[:ERROR_CHARS]
+
 
 #: What every transition out of a lease clears (who holds the row, until when).
 LEASE_CLEARED: dict[str, Any] = {"locked_until": None, "lock_token": None, "claimed_by": None}
@@ -161,7 +170,7 @@ class Decisions:
             values = {
                 "state": life.ready,
                 "available_at": clock.later(now, outcome.seconds),
-                "last_error": outcome.reason[:ERROR_CHARS],
+                "last_error": error_text(outcome.reason),
                 **LEASE_CLEARED,
                 **closed,
             }
@@ -173,7 +182,7 @@ class Decisions:
                 raise TypeError(f"{part.name} has no skipped state for {outcome!r}")
             values = {
                 "state": life.skipped,
-                "last_error": outcome.reason[:ERROR_CHARS],
+                "last_error": error_text(outcome.reason),
                 **LEASE_CLEARED,
                 **closed,
                 **part.done_values(now),
@@ -199,7 +208,7 @@ def _failure(
     closed: dict[str, Any],
 ) -> Change:
     life = part.lifecycle
-    text = outcome.error or "failed"
+    text = storable(outcome.error or "failed")
     base = {**LEASE_CLEARED, **closed, **part.failed_values(row, outcome)}
     if isinstance(outcome, Uncertain) and part.holds_uncertain(row):
         text = f"outcome uncertain, held for an operator: {text}"

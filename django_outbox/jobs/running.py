@@ -37,12 +37,13 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models
 
 from django_outbox import metrics, signals, tracing
-from django_outbox.engine import clock, heartbeat, triggers
+from django_outbox.engine import clock, faults, heartbeat, triggers
 from django_outbox.engine.outcomes import Done, Fail, Outcome, Outcomes, Retry, Uncertain
 from django_outbox.engine.part import Attempt, KeyOrdering, Part, register
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.jobs.models import JOB_LIFECYCLE, Job, JobKey, JobState
 from django_outbox.jobs.timeouts import call_limited
+from django_outbox.validation import storable
 
 logger = logging.getLogger("django_outbox.jobs")
 
@@ -233,6 +234,7 @@ class Running(Part):
         if timed:
             metrics.counted("jobs", "started", row.queue_name)
             began = time.perf_counter()
+        faults.point("jobs.in_job")
         try:
             value = call_limited(
                 task,
@@ -266,7 +268,8 @@ class Running(Part):
         kind = type(exc)
         entry = {
             "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-            "traceback": "".join(traceback.format_exception(exc)),
+            # Stored as JSON: PostgreSQL refuses a NUL (\u0000) there too.
+            "traceback": storable("".join(traceback.format_exception(exc))),
             "attempt": row.attempts,
             "worker_id": self.worker,
         }

@@ -1,0 +1,31 @@
+"""Error texts with a NUL in them (an exception's text, a destination's answer) are
+recorded escaped: PostgreSQL refuses a NUL in any text, and before they were escaped
+the outcome was never recorded and the row stayed claimed, failing again each time."""
+
+import pytest
+
+import django_outbox
+from django_outbox.jobs.models import Job, JobState
+from django_outbox.jobs.running import Jobs
+from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox.relay import Relay
+from tests.badinput import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_job_whose_exception_text_has_a_nul_is_failed_with_it_escaped():
+    tasks.fails_with_nul.enqueue()
+    assert Jobs().drain().failed == 1
+    job = Job.objects.get()
+    assert (job.state, job.claimed_by) == (JobState.FAILED, None)
+    assert job.last_error == "gave up after 1 attempt: RuntimeError: bad byte: a\\x00b"
+    assert "a\\x00b" in job.errors[0]["traceback"]
+
+
+def test_a_destination_answer_with_a_nul_is_recorded_escaped(configure_outbox):
+    configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "tests.badinput.tasks.RefusesWithNul"}})
+    django_outbox.send("order.paid", {"n": 1})
+    assert Relay().drain().failed == 1
+    message = OutboxMessage.objects.get()
+    assert (message.state, message.last_error) == (OutboxState.SEND_ERROR, "refused: a\\x00b")
