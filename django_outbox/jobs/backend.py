@@ -410,7 +410,15 @@ def json_problem(value: Any, path: str, *, hint: bool = True) -> str | None:
     """Why *value* would not come back from JSON as it went in, naming the part of it at
     *path* that would not, and (with *hint*) what to pass instead; ``None`` if it would
     (tuples come back as lists, as Django's Tasks API normalises them)."""
-    if value is None or isinstance(value, str | bool | int):
+    if isinstance(value, str):
+        if "\x00" in value:
+            return (
+                f"{path} contains a NUL character (\\u0000), which PostgreSQL cannot store "
+                "(refused on every database, so that a job behaves alike on each)"
+                + ("; remove it, or pass the text base64-encoded" if hint else "")
+            )
+        return None
+    if value is None or isinstance(value, bool | int):
         return None
     if isinstance(value, float):
         if math.isfinite(value):
@@ -429,6 +437,8 @@ def json_problem(value: Any, path: str, *, hint: bool = True) -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return _key_problem(key, path)
+            if "\x00" in key:
+                return f"{path} has the key {key!r}, with a NUL character PostgreSQL cannot store"
             problem = json_problem(item, f"{path}[{key!r}]", hint=hint)
             if problem is not None:
                 return problem

@@ -29,3 +29,12 @@ def test_a_destination_answer_with_a_nul_is_recorded_escaped(configure_outbox):
     assert Relay().drain().failed == 1
     message = OutboxMessage.objects.get()
     assert (message.state, message.last_error) == (OutboxState.SEND_ERROR, "refused: a\\x00b")
+
+
+def test_a_job_that_returns_a_nul_is_failed_with_the_reason_not_left_running():
+    tasks.returns_nul.enqueue()
+    assert Jobs().drain().failed == 1
+    job = Job.objects.get()
+    assert (job.state, job.attempts, job.claimed_by) == (JobState.FAILED, 1, None)
+    assert "value['text'] contains a NUL character" in job.last_error
+    assert "not retried" in job.last_error
