@@ -7,10 +7,11 @@ whose ``SECRET`` is the sender's. Answers:
 
 - 200 ``{"status": "stored"}``: new, stored in the inbox (handled later);
 - 200 ``{"status": "duplicate"}``: already stored (a retry): nothing else done;
-- 400 malformed body or headers, 401 a missing, bad, stale or v1-only signature
-  (v1 does not cover the envelope; accepted only with ``ACCEPT_V1``), 404 an unknown
-  source, 405 not a POST, 413 a body over ``MAX_BODY_BYTES``: nothing stored,
-  the reason in the JSON answer and in a WARNING log line;
+- 400 malformed body or headers (a signed header's value that is not UTF-8 too),
+  401 a missing, bad, stale or v1-only signature (v1 does not cover the envelope;
+  accepted only with ``ACCEPT_V1``), 404 an unknown source, 405 not a POST, 413 a
+  body over ``MAX_BODY_BYTES``: nothing stored, the reason in the JSON answer and
+  in a WARNING log line;
 - 503 the database failed: nothing stored, the sender retries.
 """
 
@@ -62,11 +63,16 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     problem = _signature_problem(config, body, request.headers.get(signing.SIGNATURE_HEADER), wire)
     if problem:
         return _refuse(401, source, problem)
-    # The bytes back to text as the server gave them (each byte one character).
-    envelope = {
-        name.decode("latin-1"): value.decode("latin-1")
-        for name, value in signing.signed_headers(wire, also_cover=mapped)
-    }
+    # The signed bytes back to the text the sender wrote: our HTTP transport (and any
+    # sender that writes non-ASCII header text) sends UTF-8. Read as the server decoded
+    # them (Latin-1), a key "city:Zürich" would be stored as "city:ZÃ¼rich", another key
+    # than the same message's over a broker.
+    envelope = {}
+    for name, value in signing.signed_headers(wire, also_cover=mapped):
+        try:
+            envelope[name.decode("latin-1")] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return _refuse(400, source, f"header {name.decode('latin-1')!r} is not UTF-8 text")
     idempotency_key = signing.IDEMPOTENCY_HEADER.lower()
     headers = {
         name: value for name, value in envelope.items() if name != idempotency_key or name in mapped
