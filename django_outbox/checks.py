@@ -322,3 +322,22 @@ def check_databases(
                 )
             )
     return problems
+
+
+@checks.register("django_outbox")
+def check_kill_points(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn whenever a kill point is armed: that process SIGKILLs itself on purpose."""
+    from django_outbox.engine import faults
+
+    armed = faults.armed()
+    if armed is None:
+        return []
+    return [
+        checks.Warning(
+            f"{faults.ENVIRONMENT} is set ({armed}): this process KILLS ITSELF with SIGKILL "
+            "when it reaches that step. Kill points are for django-outbox's crash tests only",
+            hint=f"Unset {faults.ENVIRONMENT} in every production environment (web, workers, "
+            "beat, cron).",
+            id="django_outbox.W022",
+        )
+    ]

@@ -41,7 +41,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models import F
 
-from django_outbox.engine import clock, heartbeat, telemetry, transitions
+from django_outbox.engine import clock, faults, heartbeat, telemetry, transitions
 from django_outbox.engine.lease import Lease, with_ids
 from django_outbox.engine.outcomes import Fail, Outcomes
 from django_outbox.engine.part import Part
@@ -105,6 +105,7 @@ class LockedRunner(Runner):
         super().__init__(part)
         #: The last claim left due rows behind (see ``Claimed.cut``).
         self._cut = False
+        self._before_commit = f"{part.name}.before_commit"
 
     # -- claim ---------------------------------------------------------------------
 
@@ -271,6 +272,8 @@ class LockedRunner(Runner):
                 change.values = {**change.values, "attempts": row.attempts}
             changes.append(change)
         transitions.apply(part, held, changes)
+        # The steps' effects and the outcomes are written; the commit is the caller's.
+        faults.point(self._before_commit)
         for change in changes:
             transition = change.transition
             if transition is Transition.MARK_DONE:

@@ -31,7 +31,7 @@ from django.db import DatabaseError, connections, models, transaction
 from django.utils import timezone
 
 from django_outbox import conf
-from django_outbox.engine import heartbeat, ordering, telemetry, transitions
+from django_outbox.engine import faults, heartbeat, ordering, telemetry, transitions
 from django_outbox.engine.lease import (
     IDS,
     ClaimStatement,
@@ -213,6 +213,9 @@ class Runner:
         self.unsettled: list[Callable[[], Any]] = []
         #: Whether the last ``drain()`` stopped for its budget with rows maybe still due.
         self.cut_short = False
+        #: This part's kill points around recording a group (``engine.faults``).
+        self._before_record = f"{part.name}.before_record"
+        self._after_record = f"{part.name}.after_record"
 
     @property
     def running(self) -> str:
@@ -306,8 +309,10 @@ class Runner:
                 attempt.idle()
                 group = [attempt.pending.pop(pk) for pk in list(outcomes) if pk in attempt.pending]
                 if group:
+                    faults.point(self._before_record)
                     result += self._record_or_keep(group, outcomes, lease)
                     attempt.recorded([row.pk for row in group])
+                    faults.point(self._after_record)
         finally:
             close = getattr(steps, "close", None)
             if close is not None:

@@ -18,7 +18,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 
 from django_outbox.conf import get_settings
-from django_outbox.engine import clock, telemetry, transitions
+from django_outbox.engine import clock, faults, telemetry, transitions
 from django_outbox.engine.lease import declared_started
 from django_outbox.engine.models import SweepMark
 from django_outbox.engine.outcomes import Uncertain
@@ -83,6 +83,7 @@ def rescue_stuck(
     cause = "its worker stopped" if dead_workers else "its lease expired"
     ready = held = 0
     failed: list[transitions.Change] = []
+    kill_point = f"{part.name}.in_rescue"
     while True:
         with transaction.atomic(using=part.using):
             rows = list(stuck.select_for_update(skip_locked=True).order_by("pk")[:RESCUE_CHUNK])
@@ -96,6 +97,7 @@ def rescue_stuck(
                 pk__in=[row.pk for row in rows], state=life.running
             )
             applied = transitions.apply(part, locked, changes)
+            faults.point(kill_point)  # the rescue is written, not committed
         ready += applied.count(transitions.Transition.RETRY_LATER, transitions.Transition.RELEASE)
         held += applied.count(transitions.Transition.HOLD, transitions.Transition.DEAD_LETTER)
         failed.extend(change for change in applied.written if change.failed)

@@ -34,7 +34,7 @@ from typing import Any
 from django.db import DatabaseError, router, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 
-from django_outbox.engine import clock
+from django_outbox.engine import clock, faults
 from django_outbox.jobs.models import ACTIVE_STATES, Job, JobBatch, JobState
 
 logger = logging.getLogger("django_outbox.jobs")
@@ -151,6 +151,7 @@ def _complete_one(using: str, pk: int) -> int:
             callback_result_id=callback_id,
             last_error="",
         )
+        faults.point("jobs.in_batch_finisher")  # callback enqueued, batch marked: uncommitted
     logger.info(
         "batch %s finished: %d succeeded, %d failed of %d",
         found.batch_id,

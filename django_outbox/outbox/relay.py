@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from django_outbox import signals, tracing
-from django_outbox.engine import clock, ordering, triggers
+from django_outbox.engine import clock, faults, ordering, triggers
 from django_outbox.engine.outcomes import Outcomes, Retry, from_error
 from django_outbox.engine.part import Attempt, KeyOrdering, Lifecycle, Part, register
 from django_outbox.engine.runner import Runner, RunResult
@@ -126,6 +126,7 @@ class Publishing(Part):
                 chunk = attempt.start(chunk)
                 if not chunk:
                     continue
+                faults.point("outbox.before_publish")
                 published = self._publish(transport, destination, chunk, attempt.deadline)
                 signals.emit(
                     signals.outbox_batch_published,

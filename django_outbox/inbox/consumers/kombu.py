@@ -42,7 +42,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from django_outbox import metrics, signals, tracing
 from django_outbox.conf import Source
-from django_outbox.engine import sweeps, triggers
+from django_outbox.engine import faults, sweeps, triggers
 from django_outbox.engine.retry import retry_transient
 from django_outbox.inbox.consumers.outage import Outage, SourceUnavailable
 from django_outbox.inbox.handling import Handling, Inbox, ensure_cursors_of
@@ -365,6 +365,7 @@ class KombuConsumer:
             )
             self.result.refused += 1
             batch[position].reject(requeue=False)
+        faults.point("inbox.before_ack")  # committed (stored, handled), not acknowledged
         self._ack([m for n, m in enumerate(batch) if n not in stored.refused])
         self.result.batches += 1
         if handle_later and stored.rows:
