@@ -12,7 +12,7 @@ VENV6 := .venv-dj61
 PG_URL ?= postgres://postgres@127.0.0.1:5432/django_outbox
 MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=20
 # The package with its integrations, editable, plus the pinned contributor groups of
 # pyproject.toml's [dependency-groups] (PEP 735: pip >= 25.1, hence the upgrade first).
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
@@ -99,10 +99,11 @@ test-sqlite: $(VENV)/.installed chromium
 		$(VENV)/bin/python -m pytest --create-db -m "not postgres and not row_locks" $(PYTEST_ARGS)
 
 # MariaDB: SKIP LOCKED claims, so the multi-process tests run here too (RabbitMQ
-# crashed under a relay is a broker test: it runs once, on PostgreSQL).
+# crashed under a relay is a broker test, and the process tests of what lies above
+# the database are marked one_database: they run once, on PostgreSQL).
 test-mariadb: $(VENV)/.installed chromium
 	DATABASE_URL=$(MARIADB_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV)/bin/python -m pytest --create-db -m "not broker_crash" $(PYTEST_ARGS)
+		$(VENV)/bin/python -m pytest --create-db -m "not broker_crash and not one_database" $(PYTEST_ARGS)
 
 # Django 6.1 / Python 3.12 on PostgreSQL. The real-process crash tests (SIGKILL,
 # SIGSTOP, killed brokers and connections) test the database's and the broker's

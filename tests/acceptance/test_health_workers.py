@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.row_locks,
     pytest.mark.processes,
+    pytest.mark.one_database,
     pytest.mark.jobs,
 ]
 

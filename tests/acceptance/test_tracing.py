@@ -23,6 +23,7 @@ pytestmark = [
     pytest.mark.row_locks,
     pytest.mark.rabbitmq,
     pytest.mark.processes,
+    pytest.mark.one_database,
 ]
 
 #: The producer: two requests, each a span of its own, each sending one message.
