@@ -109,6 +109,29 @@ def _check_health(config: Settings) -> list[checks.CheckMessage]:
     ]
 
 
+#: Above this many seconds between probes, a destination that came back waits long
+#: for its backlog to move.
+CIRCUIT_PROBE_MAX_WARNING_SECONDS = 30.0
+
+
+def _check_circuits(config: Settings) -> list[checks.CheckMessage]:
+    outbox = config.outbox
+    if not outbox.circuit_breaker or (
+        outbox.circuit_probe_max_seconds <= CIRCUIT_PROBE_MAX_WARNING_SECONDS
+    ):
+        return []
+    return [
+        checks.Warning(
+            f"{SETTING_NAME}['OUTBOX']['CIRCUIT_PROBE_MAX_SECONDS'] is "
+            f"{outbox.circuit_probe_max_seconds:g}: after a long outage a destination that "
+            "is back waits up to that long before its messages move",
+            hint="A probe is one connection attempt per relay and destination; a few "
+            "seconds (the default is 2) cost nothing.",
+            id="django_outbox.W023",
+        )
+    ]
+
+
 #: The jobs backend, as ``TASKS`` names it (the second spelling is its module's).
 JOBS_BACKEND = "django_outbox.jobs.JobsBackend"
 _JOBS_BACKEND_PATHS = (JOBS_BACKEND, "django_outbox.jobs.backend.JobsBackend")
@@ -277,6 +300,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         problems.extend(cls.check(destination))
     problems += _check_signatures(config)
     problems += _check_health(config)
+    problems += _check_circuits(config)
     for alias in connections:
         connection = connections[alias]
         mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))

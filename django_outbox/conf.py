@@ -81,7 +81,13 @@ SHARED_DEFAULTS: Mapping[str, Any] = {
 
 #: Each part's own keys and their defaults (engine keys are allowed on top).
 SECTION_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
-    "OUTBOX": {"DESTINATIONS": {}, "MAX_PAYLOAD_BYTES": 256 * 1024},
+    "OUTBOX": {
+        "DESTINATIONS": {},
+        "MAX_PAYLOAD_BYTES": 256 * 1024,
+        "CIRCUIT_BREAKER": True,
+        "CIRCUIT_PROBE_SECONDS": 0.25,
+        "CIRCUIT_PROBE_MAX_SECONDS": 2.0,
+    },
     "INBOX": {"GAP_ALERT_SECONDS": 300.0, "SOURCES": {}, "MAX_BODY_BYTES": 256 * 1024},
     "JOBS": {"CELERY_QUEUES": {}},
 }
@@ -124,6 +130,8 @@ MAXIMUMS: Mapping[str, float] = {
     "WORKER_TIMEOUT_SECONDS": 3_600,
     "SWEEP_STALE_SECONDS": 86_400,
     "GAP_ALERT_SECONDS": 30 * 86_400,
+    "CIRCUIT_PROBE_SECONDS": 3_600,
+    "CIRCUIT_PROBE_MAX_SECONDS": 3_600,
     "BATCH_SIZE": 100_000,
     "PURGE_BATCH_SIZE": 1_000_000,
     "MAX_ATTEMPTS": 1_000_000,
@@ -146,6 +154,8 @@ MINIMUMS: Mapping[str, float] = {
     "PURGE_BATCH_SIZE": 1,
     "MAX_PAYLOAD_BYTES": 1,
     "MAX_BODY_BYTES": 1,
+    "CIRCUIT_PROBE_SECONDS": 0.01,
+    "CIRCUIT_PROBE_MAX_SECONDS": 0.01,
     "HEARTBEAT_SECONDS": 0.05,
     "WORKER_TIMEOUT_SECONDS": 0.1,
     "SWEEP_STALE_SECONDS": 1,
@@ -208,6 +218,13 @@ class OutboxSettings:
     engine: EngineSettings
     destinations: Mapping[str, Destination]
     max_payload_bytes: int
+    #: Whether a destination that cannot be reached opens its circuit (the relay stops
+    #: sending there and probes) instead of failing each message's attempt.
+    circuit_breaker: bool = True
+    #: Seconds from a circuit's opening to its first probe; doubled after each failed
+    #: probe up to ``circuit_probe_max_seconds``.
+    circuit_probe_seconds: float = 0.25
+    circuit_probe_max_seconds: float = 2.0
 
     def destination(self, name: str) -> Destination:
         """Return the destination called *name* or raise ``UnknownDestination``."""
@@ -449,12 +466,30 @@ def _outbox(raw: Mapping[str, Any], base: EngineSettings) -> OutboxSettings:
         name: _destination(name, value, engine.max_attempts)
         for name, value in raw_destinations.items()
     }
+    defaults = SECTION_DEFAULTS["OUTBOX"]
+    breaker = section.get("CIRCUIT_BREAKER", defaults["CIRCUIT_BREAKER"])
+    if not isinstance(breaker, bool):
+        raise ConfigurationError(
+            f"{path}['CIRCUIT_BREAKER'] must be True or False, got {breaker!r}"
+        )
+    probe = _number(section, "CIRCUIT_PROBE_SECONDS", defaults["CIRCUIT_PROBE_SECONDS"], path)
+    probe_max = _number(
+        section, "CIRCUIT_PROBE_MAX_SECONDS", defaults["CIRCUIT_PROBE_MAX_SECONDS"], path
+    )
+    if probe_max < probe:
+        raise ConfigurationError(
+            f"{path}['CIRCUIT_PROBE_MAX_SECONDS'] ({probe_max:g}) must not be below "
+            f"CIRCUIT_PROBE_SECONDS ({probe:g})"
+        )
     return OutboxSettings(
         engine=engine,
         destinations=destinations,
         max_payload_bytes=_number(
-            section, "MAX_PAYLOAD_BYTES", SECTION_DEFAULTS["OUTBOX"]["MAX_PAYLOAD_BYTES"], path
+            section, "MAX_PAYLOAD_BYTES", defaults["MAX_PAYLOAD_BYTES"], path
         ),
+        circuit_breaker=breaker,
+        circuit_probe_seconds=probe,
+        circuit_probe_max_seconds=probe_max,
     )
 
 

@@ -52,5 +52,24 @@ class UncertainError(RetryableError):
     policy; parked in ``send_error`` as uncertain under ``hold``."""
 
 
+class DestinationDown(RetryableError):
+    """The destination failed, not the message: it could not be reached, or it dropped
+    the connection before answering. The relay opens the destination's circuit (see
+    ``django_outbox.outbox.circuits``): it stops sending there and probes until it
+    answers again, instead of backing off each message on its own."""
+
+
+class UnreachableError(DestinationDown):
+    """Nothing was handed over (connection refused, DNS failure, connect timeout, broker
+    not reachable): certainly not delivered, so the attempt is not counted."""
+
+
+class ConnectionLostError(DestinationDown, UncertainError):
+    """The connection dropped after the message was handed over and before an answer
+    (reset, closed, protocol error): uncertain, so the attempt counts and the
+    ``UNCERTAIN`` policy applies (resent, or held under ``hold``); it is resent when the
+    destination's circuit closes, not after a backoff of its own."""
+
+
 class PermanentError(DeliveryError):
     """A failure that will not succeed by retrying (4xx, rejected message)."""

@@ -73,7 +73,11 @@ NAMES = {
 }
 #: What each part counts besides the engine's events.
 EXTRA_COUNTERS = {
-    "outbox": {"enqueued": "messages stored by send()"},
+    "outbox": {
+        "enqueued": "messages stored by send()",
+        "circuit_opened": "times a destination's circuit opened in a relay process (the "
+        "destination could not be reached)",
+    },
     "inbox": {
         "received": "messages stored by receive() and the consumers",
         "duplicates": "messages refused as already stored (same source and id)",

@@ -35,7 +35,15 @@ BASE_OUTBOX: dict[str, Any] = {
 
 
 #: Keys ``configure_outbox`` puts in the ``OUTBOX`` section.
-OUTBOX_SECTION_KEYS = frozenset({"DESTINATIONS", "MAX_PAYLOAD_BYTES"})
+OUTBOX_SECTION_KEYS = frozenset(
+    {
+        "DESTINATIONS",
+        "MAX_PAYLOAD_BYTES",
+        "CIRCUIT_BREAKER",
+        "CIRCUIT_PROBE_SECONDS",
+        "CIRCUIT_PROBE_MAX_SECONDS",
+    }
+)
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

@@ -186,7 +186,11 @@ class WorkerLoop:
                 if result.claimed < self.runner.batch_size:
                     if self.until_empty:
                         break
-                    waiter.wait(max(self.interval, 0.05))  # an idle poll, not a busy loop
+                    wait = self.interval
+                    wake = part.next_wake()
+                    if wake is not None:
+                        wait = min(wait, wake)
+                    waiter.wait(max(wait, 0.05))  # an idle poll, not a busy loop
         finally:
             waiter.close()
             if self.heartbeat:

@@ -223,8 +223,21 @@ class Part:
 
     def claim_variant(self) -> Any:
         """What, besides the part, shapes ``due()`` (a hashable; compiled claims are
-        cached per value): the queues a jobs runner takes, say."""
+        cached per value): the queues a jobs runner takes, say, or the destinations
+        whose circuit is open (read once per claim, passed to :meth:`narrow_claim`)."""
         return None
+
+    def next_wake(self) -> float | None:
+        """Seconds until rows the claims now leave alone may be claimed (an outbox
+        destination's probe), so an idle worker loop polls then rather than after its
+        whole interval; ``None``: nothing of the kind."""
+        return None
+
+    def narrow_claim(self, queryset: models.QuerySet[Any], variant: Any) -> models.QuerySet[Any]:
+        """The due rows a claim takes, given this claim's *variant* (read once, so a
+        compiled claim and its cache key agree): the outbox leaves out the destinations
+        whose circuit is open."""
+        return queryset
 
     def process(self, rows: Sequence[Any], attempt: Attempt) -> Iterator[Outcomes]:
         """Do the step for *rows*; yield outcomes as they come (each group is recorded

@@ -239,25 +239,25 @@ class Runner:
         """Claim one batch (restricted to primary keys *ids* if given), do it, record it."""
         return self._run(*self.claim_batch(ids))
 
-    def _claimable(self, ids: Sequence[Any] | None) -> models.QuerySet[Any]:
+    def _claimable(self, ids: Sequence[Any] | None, variant: Any = None) -> models.QuerySet[Any]:
         part = self.part
-        queryset = part.due()
+        queryset = part.narrow_claim(part.due(), variant)
         if ids is not None:
             queryset = with_ids(queryset, ids)
         if part.ordering is not None:
             queryset = ordering.heads_only(queryset, part.ordering)
         return queryset
 
-    def _prepared(self, narrowed: bool) -> ClaimStatement | None:
+    def _prepared(self, narrowed: bool, variant: Any) -> ClaimStatement | None:
         """This runner's compiled claim on PostgreSQL (none with a pinned clock)."""
         part = self.part
         if part.clock is not None or connections[self.using].vendor != "postgresql":
             return None
-        key = (type(part), self.using, self.batch_size, narrowed, part.claim_variant())
+        key = (type(part), self.using, self.batch_size, narrowed, variant)
         statement = _STATEMENTS.get(key)
         if statement is None:
             statement = _STATEMENTS[key] = ClaimStatement.prepare(
-                self._claimable(IDS if narrowed else None),
+                self._claimable(IDS if narrowed else None, variant),
                 seconds=part.lease_seconds(),
                 limit=self.batch_size,
                 running_state=self.running,
@@ -269,13 +269,14 @@ class Runner:
         """Claim up to ``batch_size`` due rows under a new lease (no attempt counted)."""
         part = self.part
         lease = Lease.new(part.lease_seconds(), heartbeat.current_worker_id())
-        statement = self._prepared(ids is not None)
+        variant = part.claim_variant()
+        statement = self._prepared(ids is not None, variant)
 
         def take() -> list[Any]:
             if statement is not None:
                 return statement.run(lease, ids)
             return claim(
-                self._claimable(ids),
+                self._claimable(ids, variant),
                 lease=lease,
                 limit=self.batch_size,
                 running_state=self.running,

@@ -10,6 +10,7 @@ attempt limits and "hold" policy, and the outbox's signals and log lines.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,11 +20,18 @@ from typing import Any
 
 from django_outbox import signals, tracing
 from django_outbox.engine import clock, faults, ordering, triggers
-from django_outbox.engine.outcomes import Outcomes, Retry, from_error
+from django_outbox.engine.outcomes import Defer, Outcome, Outcomes, Retry, Uncertain, from_error
 from django_outbox.engine.part import Attempt, KeyOrdering, Lifecycle, Part, register
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.engine.sweeps import RescueResult
-from django_outbox.exceptions import ConfigurationError, UncertainError, UnknownDestination
+from django_outbox.exceptions import (
+    ConfigurationError,
+    DestinationDown,
+    UncertainError,
+    UnknownDestination,
+    UnreachableError,
+)
+from django_outbox.outbox.circuits import Gate, circuits
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.models import UNFINISHED_STATES, OutboxKey, OutboxMessage, OutboxState
 from django_outbox.outbox.transports.base import Transport
@@ -115,8 +123,28 @@ class Publishing(Part):
                 error = Retry(f"transport unavailable: {type(exc).__name__}: {exc}")
                 yield self._failed(attempt, messages, error)
                 continue
+            yield from self._destination(destination, transport, messages, attempt)
+
+    def _destination(
+        self,
+        destination: str,
+        transport: Transport,
+        messages: list[OutboxMessage],
+        attempt: Attempt,
+    ) -> Iterator[Outcomes]:
+        """Publish one destination's messages chunk by chunk, through its circuit
+        (``outbox.circuits``): none while it is open, one alone while probing."""
+        breaker = self.settings.outbox.circuit_breaker
+        gate = circuits.allow(destination) if breaker else Gate.SEND
+        if gate is Gate.WAIT:
+            return  # given back unattempted: the destination is down or being probed
+        size = transport.chunk_size or len(messages)
+        chunks = _chunks(messages, size)
+        if gate is Gate.PROBE:
+            chunks = itertools.chain([messages[:1]], _chunks(messages[1:], size))
+        try:
             failed_keys: set[str] = set()
-            for chunk in _chunks(messages, transport.chunk_size or len(messages)):
+            for chunk in chunks:
                 # A message behind a failed one of its key stays unattempted.
                 chunk = [m for m in chunk if m.key not in failed_keys]
                 if not chunk or time.monotonic() >= attempt.deadline:
@@ -138,11 +166,23 @@ class Publishing(Part):
                 failed_keys.update(
                     m.key for m in chunk if m.key is not None and published.get(m.message_id, 1)
                 )
+                down = [e for e in published.values() if isinstance(e, DestinationDown)]
+                if breaker and down:
+                    circuits.failed(destination, str(down[0]))
+                elif breaker and published:
+                    circuits.succeeded(destination)
                 yield {
-                    m.pk: from_error(published[m.message_id])
+                    m.pk: _outcome(published[m.message_id], breaker)
                     for m in chunk
                     if m.message_id in published
                 }
+                if breaker and down:
+                    break  # the rest goes back unattempted, to wait for the circuit
+        finally:
+            if gate is Gate.PROBE:
+                # A probe that got no answer either way (out of time, stopped) must
+                # not leave the circuit probing: the next claim probes again.
+                circuits.abandoned(destination)
 
     @staticmethod
     def _failed(attempt: Attempt, messages: list[OutboxMessage], outcome: Any) -> Outcomes:
@@ -165,6 +205,22 @@ class Publishing(Part):
             self.logger.exception("transport for %r raised", destination)
             # Some of the batch may have gone out before it raised.
             return dict.fromkeys(ids, UncertainError(f"{type(exc).__name__}: {exc}"))
+
+    def claim_variant(self) -> Any:
+        """The destinations whose circuit is open in this process (their rows are left
+        alone until a probe is due); an empty set while every destination answers."""
+        if not self.settings.outbox.circuit_breaker:
+            return frozenset()
+        return circuits.blocked()
+
+    def narrow_claim(self, queryset: Any, variant: Any) -> Any:
+        if variant:
+            return queryset.exclude(destination__in=sorted(variant))
+        return queryset
+
+    def next_wake(self) -> float | None:
+        """Seconds until an open circuit's probe is due: an idle relay polls then."""
+        return circuits.next_probe_in() if self.settings.outbox.circuit_breaker else None
 
     def done_values(self, now: clock.Instant | None) -> Mapping[str, Any]:
         return {"sent_at": now, "finished_at": now}
@@ -247,6 +303,19 @@ class Relay(Runner):
         part = Publishing(using=self.using, clock=(lambda: at) if at is not None else None)
         assert part.ordering is not None
         return ordering.heads_only(part.due(), part.ordering)
+
+
+def _outcome(error: Any, breaker: bool) -> Outcome:
+    """The outcome of one message's publish. With the breaker on, a destination that is
+    down backs off as a whole (its circuit), not per message: a message refused before
+    anything was handed over is deferred with its attempt uncounted, one whose connection
+    dropped after it was handed over is uncertain (counted, the ``UNCERTAIN`` policy
+    applies) and due again at once, both kept from the claims while the circuit is open."""
+    if breaker and isinstance(error, DestinationDown):
+        if isinstance(error, UnreachableError):
+            return Defer(0.0, f"destination unreachable (attempt not counted): {error}")
+        return Uncertain(str(error) or type(error).__name__, delay=0.0)
+    return from_error(error)
 
 
 def _chunks(messages: list[OutboxMessage], size: int) -> Iterator[list[OutboxMessage]]:

@@ -128,10 +128,20 @@ def test_timeout_is_retried(server):
     assert "timeout" in message.last_error
 
 
-def test_connection_refused_is_retried(configure_outbox):
+def test_connection_refused_waits_uncounted(configure_outbox):
     configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "http", "URL": "http://127.0.0.1:9/x"}})
     message = deliver("ok")
-    assert message.state == OutboxState.SHOULD_BE_SENT
+    assert (message.state, message.attempts) == (OutboxState.SHOULD_BE_SENT, 0)
+    assert "ConnectError" in message.last_error
+
+
+def test_connection_refused_without_the_breaker_is_a_counted_retry(configure_outbox):
+    configure_outbox(
+        CIRCUIT_BREAKER=False,
+        DESTINATIONS={"default": {"TRANSPORT": "http", "URL": "http://127.0.0.1:9/x"}},
+    )
+    message = deliver("ok")
+    assert (message.state, message.attempts) == (OutboxState.SHOULD_BE_SENT, 1)
     assert "ConnectError" in message.last_error
 
 
@@ -230,7 +240,11 @@ def test_connection_refused_on_a_hold_destination_is_simply_retried(configure_ou
         }
     )
     message = deliver("ok")  # nothing reached a server: nothing is uncertain
-    assert (message.state, message.uncertain) == (OutboxState.SHOULD_BE_SENT, False)
+    assert (message.state, message.uncertain, message.attempts) == (
+        OutboxState.SHOULD_BE_SENT,
+        False,
+        0,
+    )
 
 
 def test_posts_go_out_concurrently_in_key_order_and_are_recorded_chunk_by_chunk(server):

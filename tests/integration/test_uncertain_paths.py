@@ -5,7 +5,8 @@ request reaches the broker; the answer (a publisher confirm, Redis's reply)
 is swallowed or the connection is cut right after the request. The message
 did arrive, so the outcome is uncertain: a ``hold`` destination parks it for
 an operator instead of resending it. A refused connection, where nothing
-left the process, stays a plain retry.
+left the process, is not an attempt at all: the destination's circuit opens
+and the message waits for it, uncounted.
 """
 
 import json
@@ -15,6 +16,7 @@ import redis
 
 import django_outbox
 from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox.circuits import CircuitState, circuits
 from django_outbox.outbox.relay import Relay
 from tests import services
 from tests.integration.test_kombu_transport import drain_queue
@@ -77,16 +79,20 @@ def test_a_lost_answer_makes_the_outcome_uncertain(through_proxy, queue_name, mo
         assert str(message.message_id) in queued_ids(broker, real_url, queue_name)
 
 
-def test_a_refused_connection_is_a_plain_retry(through_proxy):
+def test_a_refused_connection_is_not_an_attempt(through_proxy):
     proxy, _, _ = through_proxy
     proxy.mode = "cut_after_request"
     django_outbox.send("breaks.the.connection", {})
     Relay().drain()
+    # The dropped connection opened the destination's circuit; a relay that has not
+    # seen it yet (a fresh process) tries, and finds nothing listening.
+    circuits.reset()
     proxy.down()  # from now on nothing listens on the proxy's port
     message = django_outbox.send("order.created", {"order_id": 2})
     result = Relay().drain()
     message.refresh_from_db()
-    assert result.retried >= 1
-    assert (message.state, message.attempts) == (OutboxState.SHOULD_BE_SENT, 1)
-    assert not message.last_error.startswith("outcome uncertain")
+    assert (result.claimed, result.retried, result.failed) == (1, 0, 0)
+    assert (message.state, message.attempts) == (OutboxState.SHOULD_BE_SENT, 0)
+    assert message.last_error.startswith("destination unreachable (attempt not counted)")
+    assert circuits.state("default") is CircuitState.OPEN
     assert OutboxMessage.objects.filter(state=OutboxState.SEND_ERROR).count() == 1

@@ -19,7 +19,12 @@ from celery import current_app
 from django.core import checks
 
 from django_outbox.conf import Destination
-from django_outbox.exceptions import RetryableError, UncertainError
+from django_outbox.exceptions import (
+    ConnectionLostError,
+    RetryableError,
+    UncertainError,
+    UnreachableError,
+)
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.transports.base import Outcomes, Transport
 
@@ -69,7 +74,8 @@ class CeleryTransport(Transport):
                 self._producer: Any = producer
                 return super().publish(envelopes, deadline)
         except Exception as exc:  # acquiring the producer failed: nothing was sent
-            error = RetryableError(f"{type(exc).__name__}: {exc}")
+            text = f"{type(exc).__name__}: {exc}"
+            error = UnreachableError(text) if _broker_away(exc) else RetryableError(text)
             return dict.fromkeys((e.message_id for e in envelopes), error)
         finally:
             self._producer = None
@@ -88,9 +94,23 @@ class CeleryTransport(Transport):
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, ConnectionRefusedError) or "Connection refused" in str(exc):
-                raise RetryableError(text) from exc  # nothing left this process
+                raise UnreachableError(text) from exc  # nothing left this process
             if type(exc).__name__ == "MessageNacked":
                 raise RetryableError(text) from exc  # the broker said it did not take it
+            if _broker_away(exc):
+                # The connection broke with the message maybe written: uncertain, and
+                # the broker is away for the next ones (the destination's circuit).
+                raise ConnectionLostError(text) from exc
             # The task message may have been written before the error (a lost
             # confirm, a connection reset): uncertain, parked under "hold".
             raise UncertainError(text) from exc
+
+
+def _broker_away(exc: BaseException) -> bool:
+    """Whether *exc* says the broker cannot be reached or dropped the connection (not
+    that it refused this message); our own timeouts are not counted as that."""
+    if isinstance(exc, TimeoutError):
+        return False
+    from kombu.exceptions import OperationalError
+
+    return isinstance(exc, (OSError, OperationalError))

@@ -5,7 +5,11 @@ message id), the ``outbox-*`` headers and, when ``SECRET`` is set, an
 ``Outbox-Signature`` header whose v2 HMAC-SHA256 covers the body, the
 timestamp and every ``outbox-*`` header and ``Idempotency-Key`` sent (see
 ``django_outbox.signing``). 2xx is sent; 408, 425 and 429 are retried like
-5xx, timeouts and connection errors; any other status is a permanent failure.
+5xx and timeouts, each message with its own backoff (a live server's answer);
+any other status is a permanent failure. A server that cannot be reached
+(connection refused, DNS, connect timeout) or that drops the connection before
+answering is down as a whole: the destination's circuit opens
+(``outbox.circuits``) and its messages wait for it, not for a backoff each.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from django.core import checks
 
 from django_outbox import signing
 from django_outbox.conf import Destination
-from django_outbox.exceptions import PermanentError, RetryableError, UncertainError
+from django_outbox.exceptions import (
+    ConnectionLostError,
+    PermanentError,
+    RetryableError,
+    UncertainError,
+    UnreachableError,
+)
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.transports.base import Outcomes, Transport
 
@@ -128,12 +138,20 @@ class HttpTransport(Transport):
             response = self.client.post(
                 url, content=body, headers=self.request_headers(envelope, body)
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            # Nothing reached the server.
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # Nothing reached the server: the server is down (or not reachable).
+            raise UnreachableError(f"{type(exc).__name__}: {exc}") from exc
+        except httpx.PoolTimeout as exc:
+            # Nothing left this process, but our own pool was busy: not the server's fault.
             raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
         except httpx.TimeoutException as exc:
-            # Sent, but no answer in time: the receiver may have acted on it.
+            # Sent, but no answer in time: the receiver may have acted on it. A slow
+            # server is alive: this message backs off, the destination stays open.
             raise UncertainError(f"timeout after {self.client.timeout.read}s: {exc!r}") from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            # The connection dropped before an answer (the server died or restarted
+            # mid-request): it may have acted on it, and it is down for the next ones.
+            raise ConnectionLostError(f"{type(exc).__name__}: {exc}") from exc
         except httpx.TransportError as exc:
             raise UncertainError(f"{type(exc).__name__}: {exc}") from exc
         status = response.status_code

@@ -29,7 +29,13 @@ from django.core import checks
 from kombu.utils.url import maybe_sanitize_url
 
 from django_outbox.conf import Destination
-from django_outbox.exceptions import PermanentError, RetryableError, UncertainError
+from django_outbox.exceptions import (
+    ConnectionLostError,
+    PermanentError,
+    RetryableError,
+    UncertainError,
+    UnreachableError,
+)
 from django_outbox.outbox.envelope import Envelope
 from django_outbox.outbox.transports.base import Outcomes, Transport
 
@@ -44,7 +50,24 @@ def _scheme(url: str) -> str:
 
 
 def _error(exc: BaseException) -> RetryableError:
-    return RetryableError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    return RetryableError(_text(exc))
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _connection_level(exc: BaseException) -> bool:
+    """Whether *exc* says the broker is away (refused, reset, closed, unreachable) rather
+    than that it refused a message: kombu's ``OperationalError``, py-amqp's connection
+    errors and socket errors. Our own wait for confirms running out is not one."""
+    if isinstance(exc, TimeoutError):
+        return False
+    import amqp.exceptions
+
+    return isinstance(
+        exc, (OSError, kombu.exceptions.OperationalError, amqp.exceptions.ConnectionError)
+    )
 
 
 class KombuTransport(Transport):
@@ -296,8 +319,10 @@ class _AmqpPublisher(_Publisher):
         self._returned = {}
         handed_over: set[UUID] = set()
         in_flight: dict[str, UUID] = {}  # key -> its unconfirmed message
+        connecting = True
         try:
             producer = self._connect()
+            connecting = False
             for envelope in envelopes:
                 key = envelope.key
                 if self.confirm and key is not None and key in in_flight:
@@ -322,6 +347,11 @@ class _AmqpPublisher(_Publisher):
             self.close(broken=True)
             error = _error(exc)
             unknown = UncertainError(f"no publisher confirm before the failure: {error}")
+            if _connection_level(exc) or (connecting and isinstance(exc, TimeoutError)):
+                # The broker is away: the destination's circuit opens. What was not
+                # handed over certainly did not arrive.
+                error = UnreachableError(_text(exc))
+                unknown = ConnectionLostError(f"no publisher confirm before the failure: {error}")
             for envelope in envelopes:
                 # Confirmed before the failure: those did reach the broker.
                 # Handed over but unconfirmed: they may have.
@@ -424,7 +454,12 @@ class _RedisPublisher(_Publisher):
             error = _error(exc)
             if _may_have_arrived(exc, self._redis):
                 # The LPUSH was sent; whether Redis applied it is unknown.
-                error = UncertainError(str(error))
+                if isinstance(exc, self._redis.ConnectionError):
+                    error = ConnectionLostError(str(error))  # and Redis went away
+                else:
+                    error = UncertainError(str(error))
+            elif isinstance(exc, (self._redis.ConnectionError, self._redis.TimeoutError)):
+                error = UnreachableError(str(error))  # could not connect: nothing was sent
             outcomes.update((e.message_id, error) for e in good)
             return outcomes
         outcomes.update((e.message_id, None) for e in good)
@@ -437,11 +472,11 @@ class _RedisPublisher(_Publisher):
 def _may_have_arrived(exc: Exception, redis: Any) -> bool:
     """Whether a Redis error came after the command was written: a timeout, or a
     connection lost while waiting for the reply (not a refused or failed connect)."""
-    if isinstance(exc, redis.TimeoutError):
-        return True
     if isinstance(exc, redis.AuthenticationError):
         return False  # refused at login: nothing was written
-    return isinstance(exc, redis.ConnectionError) and "connecting to" not in str(exc)
+    if "connecting to" in str(exc):
+        return False  # "Error/Timeout connecting to host:port": nothing was written
+    return isinstance(exc, (redis.TimeoutError, redis.ConnectionError))
 
 
 class _ProducerPublisher(_Publisher):
