@@ -35,7 +35,7 @@ from django_outbox import tracing
 from django_outbox.conf import Source, get_settings
 from django_outbox.engine import heartbeat, triggers
 from django_outbox.engine.retry import retry_transient
-from django_outbox.inbox.intake import Arrival, Unstorable, store
+from django_outbox.inbox.intake import Arrival, Unstorable, store, store_unreadable
 from django_outbox.inbox.models import InboxState
 from django_outbox.inbox.tasks import give_back_on_database_error
 from django_outbox.wire import TRACE_HEADERS
@@ -61,8 +61,12 @@ def source_for(queue: str | None) -> Source:
     acks_late=True,
     reject_on_worker_lost=True,
 )
-def receive_task(self: Task, payload: Any, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Store the delivered message in the inbox, then handle what is due."""
+def receive_task(
+    self: Task[Any, Any], /, *args: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any
+) -> dict[str, Any]:
+    """Store the delivered message (the task's one argument, its payload) in the inbox,
+    then handle what is due. A call with other arguments is kept as unreadable (a
+    signature error would fail the task, and the message would be gone unrecorded)."""
     from django_outbox.inbox.handling import Inbox
 
     request = self.request
@@ -82,12 +86,28 @@ def receive_task(self: Task, payload: Any, using: str = DEFAULT_DB_ALIAS) -> dic
         if getattr(request, name, None) is not None
     )
     queue = (request.delivery_info or {}).get("routing_key")
+    arguments_problem = ""
+    if len(args) != 1 or kwargs:
+        arguments_problem = (
+            f"task arguments are not (payload,): got {len(args)} positional argument(s)"
+            + (f" and the keywords {sorted(kwargs)}" if kwargs else "")
+        )
+        body = json.dumps({"args": list(args), "kwargs": kwargs}, default=repr).encode()
+    else:
+        body = json.dumps(args[0]).encode()
     arrival = Arrival(
         source=source_for(queue),
-        body=json.dumps(payload).encode(),
+        body=body,
         headers=headers,
         transport_id=request.id,
     )
+    if arguments_problem:
+        message, _ = retry_transient(
+            lambda: store_unreadable(arrival, arguments_problem, using=using),
+            what=f"keeping a malformed call from {arrival.source.name}",
+            reconnect=using,
+        )
+        return {"message_id": message.message_id, "created": False, "handled": 0}
     try:
         with (
             tracing.receiving(arrival.source, [arrival]),
