@@ -10,7 +10,7 @@ import json
 import signal
 import subprocess
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -92,7 +92,8 @@ def summary(output: str) -> dict[str, int]:
     return json.loads(output.strip().splitlines()[-1])
 
 
-def after_the_lease() -> timezone.datetime:
+def after_the_lease() -> datetime:
+    """A moment when the killed relay's lease has run out."""
     return timezone.now() + timedelta(seconds=LEASE + 1)
 
 
@@ -408,9 +409,7 @@ def test_sweep_killed_inside_its_rescue(configure_outbox, tmp_path):
 
     job = Job.objects.get()
     assert (job.state, job.errors) == (JobState.RUNNING, [])  # rolled back
-    output = start_command("jobs_sweep")
-    output.wait(timeout=60)
-    assert json.loads(finish(output).strip().splitlines()[-1])["rescued"] == 1
+    assert summary(until_idle("jobs_sweep"))["rescued"] == 1
     survivor(*WORKER, until=finished_jobs, what="the rescued job to run")
     result.refresh()
     assert (result.status, result.attempts) == ("SUCCESSFUL", 2)
