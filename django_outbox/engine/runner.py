@@ -58,6 +58,8 @@ ERROR_CHARS = transitions.ERROR_CHARS
 #: changes (lease length) drop them.
 _STATEMENTS: dict[tuple[type[Part], str, int, bool, Any], ClaimStatement] = {}
 conf.on_change(_STATEMENTS.clear)
+#: ``Runner._prepared``'s "read the part's claim variant now".
+_ASK: Any = object()
 
 
 @dataclass
@@ -248,11 +250,14 @@ class Runner:
             queryset = ordering.heads_only(queryset, part.ordering)
         return queryset
 
-    def _prepared(self, narrowed: bool, variant: Any) -> ClaimStatement | None:
-        """This runner's compiled claim on PostgreSQL (none with a pinned clock)."""
+    def _prepared(self, narrowed: bool, variant: Any = _ASK) -> ClaimStatement | None:
+        """This runner's compiled claim on PostgreSQL (none with a pinned clock), for the
+        part's *variant* (read now unless given)."""
         part = self.part
         if part.clock is not None or connections[self.using].vendor != "postgresql":
             return None
+        if variant is _ASK:
+            variant = part.claim_variant()
         key = (type(part), self.using, self.batch_size, narrowed, variant)
         statement = _STATEMENTS.get(key)
         if statement is None:
