@@ -43,7 +43,9 @@ def outcome(case: Case) -> str:
     else:
         text = f"{expect.kind} (`{expect.what}`)"
     if expect.says:
-        text += f': "{expect.says}"'
+        # Brackets escaped: "args[0][1]" is text, not a Markdown reference link.
+        says = expect.says.replace("[", "\\[").replace("]", "\\]")
+        text += f': "{says}"'
     return _cell(text)
 
 
