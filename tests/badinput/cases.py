@@ -561,6 +561,15 @@ CELERY = EntryPoint(
                 "one inbox row, handle_error; acknowledged",
             ),
         ),
+        Case(
+            "using",
+            "a `using` keyword naming a database (the receiver's router decides, not the sender)",
+            {"kwargs": {"using": "other"}},
+            _kept(
+                "and the keywords ['using']",
+                "one inbox row in the router's database, handle_error; acknowledged",
+            ),
+        ),
     ),
 )
 

@@ -66,6 +66,7 @@ def test_celery_intake(case, peer_queue):
         current_app.send_task(
             "django_outbox.receive",
             args=args,
+            kwargs=given.get("kwargs"),
             task_id=f"c-{case.id}",
             headers=headers,
             queue=queue_name,

@@ -29,14 +29,14 @@ import logging
 from typing import Any
 
 from celery import Task, shared_task
-from django.db import DEFAULT_DB_ALIAS
+from django.db import router
 
 from django_outbox import tracing
 from django_outbox.conf import Source, get_settings
 from django_outbox.engine import heartbeat, triggers
 from django_outbox.engine.retry import retry_transient
 from django_outbox.inbox.intake import Arrival, Unstorable, store, store_unreadable
-from django_outbox.inbox.models import InboxState
+from django_outbox.inbox.models import InboxMessage, InboxState
 from django_outbox.inbox.tasks import give_back_on_database_error
 from django_outbox.wire import TRACE_HEADERS
 
@@ -61,13 +61,16 @@ def source_for(queue: str | None) -> Source:
     acks_late=True,
     reject_on_worker_lost=True,
 )
-def receive_task(
-    self: Task[Any, Any], /, *args: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any
-) -> dict[str, Any]:
+def receive_task(self: Task[Any, Any], /, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Store the delivered message (the task's one argument, its payload) in the inbox,
     then handle what is due. A call with other arguments is kept as unreadable (a
-    signature error would fail the task, and the message would be gone unrecorded)."""
+    signature error would fail the task, and the message would be gone unrecorded).
+
+    The database is this service's choice (its router's for the inbox), never the
+    sender's: a ``using`` keyword in the call is one of those other arguments."""
     from django_outbox.inbox.handling import Inbox
+
+    using = router.db_for_write(InboxMessage)
 
     request = self.request
     # Its claims carry this process's id: if it dies mid-handler, they come back in
