@@ -33,6 +33,8 @@ pytestmark = [
 ]
 
 KEYS = (None, "k1", "k2", "k3")
+#: Each example starts threads: a tenth of the profile's examples, at least 12.
+CONCURRENT_EXAMPLES = max(12, settings.default.max_examples // 10)
 
 
 def start_together(count: int, work: Callable[[int], Any]) -> list[Any]:
@@ -69,7 +71,7 @@ def fill(keys: list[str | None]) -> list[OutboxMessage]:
     return [django_outbox.send("prop.claimed", {"n": n}, key=key) for n, key in enumerate(keys)]
 
 
-@settings(max_examples=12)
+@settings(max_examples=CONCURRENT_EXAMPLES)
 @given(
     keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=80),
     threads=st.integers(2, 4),
@@ -104,7 +106,7 @@ def test_no_row_is_claimed_twice_and_none_is_left(keys, threads, batch):
     assert all(leased[pk] is not None for pk in claims)
 
 
-@settings(max_examples=12)
+@settings(max_examples=CONCURRENT_EXAMPLES)
 @given(
     keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=80),
     threads=st.integers(2, 4),
