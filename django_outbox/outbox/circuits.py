@@ -89,6 +89,9 @@ class Circuit:
     opened_at: float | None = None
     #: The connection error that opened it, or failed the last probe.
     error: str = ""
+    #: Probes granted so far: the relay probes with another message each time, so one
+    #: message that cannot connect (its own host) cannot hold the destination closed.
+    probes: int = 0
 
     def claimable(self, now: float) -> bool:
         """Whether a claim may take this destination's rows now."""
@@ -103,6 +106,7 @@ class Circuit:
             return Gate.SEND
         if self.state is CircuitState.OPEN and now >= self.probe_at:
             self.state = CircuitState.PROBING
+            self.probes += 1
             return Gate.PROBE
         return Gate.WAIT
 
@@ -185,6 +189,11 @@ class Circuits:
         now = time.monotonic() if now is None else now
         with self._lock:
             return circuit.allow(now)
+
+    def probes(self, destination: str) -> int:
+        """How many probes of *destination* this process has started (0: none)."""
+        circuit = self._circuits.get(destination)
+        return 0 if circuit is None else circuit.probes
 
     def failed(self, destination: str, error: str, now: float | None = None) -> None:
         """*destination* failed at the connection level: open its circuit (WARNING)."""

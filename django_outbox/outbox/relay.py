@@ -141,7 +141,9 @@ class Publishing(Part):
         size = transport.chunk_size or len(messages)
         chunks = _chunks(messages, size)
         if gate is Gate.PROBE:
-            chunks = itertools.chain([messages[:1]], _chunks(messages[1:], size))
+            probe = _probe(messages, circuits.probes(destination))
+            rest = [m for m in messages if m is not probe]
+            chunks = itertools.chain([[probe]], _chunks(rest, size))
         try:
             failed_keys: set[str] = set()
             for chunk in chunks:
@@ -335,6 +337,22 @@ def _chunks(messages: list[OutboxMessage], size: int) -> Iterator[list[OutboxMes
             chunk = []
     if chunk:
         yield chunk
+
+
+def _probe(messages: list[OutboxMessage], turn: int) -> OutboxMessage:
+    """The message that probes a destination on its *turn*-th probe: one of the heads of
+    *messages* (in publish order; a head is unkeyed or the first of its key here, so it
+    may go first), a different one each turn. Always the first would let one message
+    that cannot connect by itself (a ``{type}`` in the URL's host) fail every probe and
+    keep the destination's other messages waiting while it is up."""
+    seen: set[str] = set()
+    heads = []
+    for message in messages:
+        if message.key is None or message.key not in seen:
+            heads.append(message)
+            if message.key is not None:
+                seen.add(message.key)
+    return heads[turn % len(heads)]
 
 
 def _publish_order(message: OutboxMessage) -> tuple[Any, ...]:

@@ -173,3 +173,35 @@ def test_a_connection_dropped_mid_request_is_uncertain_counted_and_waits_for_the
         assert message.state == OutboxState.SHOULD_BE_SENT
         assert message.available_at <= timezone.now()
         assert "RemoteProtocolError" in message.last_error or "ReadError" in message.last_error
+
+
+def test_one_message_that_cannot_connect_does_not_hold_back_the_destination(
+    endpoint, configure_outbox
+):
+    # Given a URL whose host is the message's type: one type's host refuses, the
+    # others' is up (the destination is up, one message cannot reach its host)
+    configure_outbox(
+        CIRCUIT_PROBE_SECONDS=0.05,
+        CIRCUIT_PROBE_MAX_SECONDS=0.1,
+        DESTINATIONS={"hooks": {"TRANSPORT": "http", "URL": "http://{type}/in", "TIMEOUT": 2}},
+    )
+    endpoint.start()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        refused = f"127.0.0.1:{closed.getsockname()[1]}"
+    bad = django_outbox.send(refused, {}, to="hooks")
+    Relay().drain()  # it cannot connect: the circuit opens
+    for n in range(4):
+        django_outbox.send(f"127.0.0.1:{endpoint.port}", {"n": n}, to="hooks")
+
+    # When the relay runs for a second
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        Relay().drain()
+        time.sleep(0.02)
+
+    # Then the messages whose host answers are sent; only the one that cannot connect waits
+    sent = OutboxMessage.objects.filter(state=OutboxState.SENT).count()
+    bad.refresh_from_db()
+    assert (bad.state, bad.attempts) == (OutboxState.SHOULD_BE_SENT, 0)
+    assert sent == 4
