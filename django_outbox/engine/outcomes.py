@@ -77,9 +77,11 @@ class Skip:
 
 @dataclass(frozen=True, slots=True)
 class Defer:
-    """Not yet: due again after *seconds*; the attempt is not counted."""
+    """Not yet: due again after *seconds*; the attempt is not counted. ``None``: due
+    again at once, keeping when it became due (an outbox message waiting for its
+    destination's circuit: its wait stays visible as the backlog's age)."""
 
-    seconds: float
+    seconds: float | None
     reason: str
 
 

@@ -169,11 +169,12 @@ class Decisions:
         if isinstance(outcome, Defer):
             values = {
                 "state": life.ready,
-                "available_at": clock.later(now, outcome.seconds),
                 "last_error": error_text(outcome.reason),
                 **LEASE_CLEARED,
                 **closed,
             }
+            if outcome.seconds is not None:
+                values["available_at"] = clock.later(now, outcome.seconds)
             if getattr(row, "attempt_open", False):
                 values["attempts"] = max(int(row.attempts) - 1, 0)
             return Change(row, Transition.DEFER, values)

@@ -315,7 +315,8 @@ def _outcome(error: Any, breaker: bool) -> Outcome:
     applies) and due again at once, both kept from the claims while the circuit is open."""
     if breaker and isinstance(error, DestinationDown):
         if isinstance(error, UnreachableError):
-            return Defer(0.0, f"destination unreachable (attempt not counted): {error}")
+            # Due since it was due: the health page's oldest due row shows the outage.
+            return Defer(None, f"destination unreachable (attempt not counted): {error}")
         return Uncertain(str(error) or type(error).__name__, delay=0.0)
     return from_error(error)
 

@@ -205,3 +205,27 @@ def test_one_message_that_cannot_connect_does_not_hold_back_the_destination(
     bad.refresh_from_db()
     assert (bad.state, bad.attempts) == (OutboxState.SHOULD_BE_SENT, 0)
     assert sent == 4
+
+
+def test_the_health_page_shows_how_long_messages_have_waited_for_a_destination_that_is_down(
+    endpoint, configure_outbox
+):
+    from django_outbox.health import figures
+
+    # Given an endpoint that refuses connections, probed every 0.05-0.1 s
+    configure_outbox(
+        CIRCUIT_PROBE_SECONDS=0.05,
+        CIRCUIT_PROBE_MAX_SECONDS=0.1,
+        DESTINATIONS={"hooks": {"TRANSPORT": "http", "URL": f"http://127.0.0.1:{endpoint.port}/"}},
+    )
+    django_outbox.send("ok", {}, to="hooks")
+    due_since = time.monotonic()
+
+    # When the relay keeps probing for 1.5 s
+    while time.monotonic() - due_since < 1.5:
+        Relay().drain()
+        time.sleep(0.02)
+
+    # Then the oldest due message has waited since it was sent, not since the last probe
+    oldest = figures.read(parts=["outbox"]).parts["outbox"].oldest_due_seconds
+    assert oldest is not None and oldest >= 1.4
