@@ -36,6 +36,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 
 from django_outbox.engine import clock, faults
 from django_outbox.jobs.models import ACTIVE_STATES, Job, JobBatch, JobState
+from django_outbox.validation import storable
 
 logger = logging.getLogger("django_outbox.jobs")
 
@@ -164,7 +165,7 @@ def _complete_one(using: str, pk: int) -> int:
 
 def _record_error(using: str, pk: int, exc: Exception) -> None:
     """Keep why a batch could not be completed on the batch (logged when it changes)."""
-    text = f"{type(exc).__name__}: {exc}"[:4000]
+    text = storable(f"{type(exc).__name__}: {exc}"[:4000])
     rows = JobBatch.objects.using(using).filter(pk=pk)
     try:
         changed = rows.exclude(last_error=text).update(last_error=text)

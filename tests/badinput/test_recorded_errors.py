@@ -38,3 +38,13 @@ def test_a_job_that_returns_a_nul_is_failed_with_the_reason_not_left_running():
     assert (job.state, job.attempts, job.claimed_by) == (JobState.FAILED, 1, None)
     assert "value['text'] contains a NUL character" in job.last_error
     assert "not retried" in job.last_error
+
+
+def test_a_batch_whose_callback_fails_with_a_nul_keeps_the_reason_escaped():
+    from django_outbox.jobs import batches
+    from django_outbox.jobs.models import JobBatch
+
+    row = JobBatch.objects.create(total=1)
+    batches._record_error("default", row.pk, ValueError("callback\x00broke"))
+    row.refresh_from_db()
+    assert row.last_error == "ValueError: callback\\x00broke"
