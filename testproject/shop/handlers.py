@@ -88,3 +88,49 @@ def trace_checked(message):
 
     with trace.get_tracer("shop").start_as_current_span("shop.trace_checked"):
         Payment.objects.create(order_ref=message.payload["order"], status="traced")
+
+
+# The chaos harness (tests/chaos): one effect row per handled message, keyed by its id.
+
+
+@handler("chaos.order")
+def chaos_order(message):
+    """An effect per message; with ``job`` in the payload B also enqueues a job."""
+    Payment.objects.create(order_ref=message.message_id, status="chaos")
+    if message.payload.get("job"):
+        from testproject.shop.jobs import chaos_run
+
+        chaos_run.enqueue(f"b:{message.message_id}")
+
+
+@handler("chaos.step", ordering="strict")
+def chaos_step(message):
+    """A strict key's step: the effect rows' order is the order handled."""
+    Payment.objects.create(
+        order_ref=message.message_id, status="chaos-strict", sequence=message.sequence
+    )
+
+
+@handler("chaos.status", ordering="latest")
+def chaos_status(message):
+    """A latest key: stale arrivals are skipped, the newest stays."""
+    Payment.objects.create(
+        order_ref=message.message_id, status="chaos-latest", sequence=message.sequence
+    )
+    OrderStatus.objects.update_or_create(
+        order_ref=f"chaos:{message.key}",
+        defaults={"status": message.payload["status"], "sequence": message.sequence},
+    )
+
+
+@handler("chaos.quote")
+def chaos_quote(message):
+    """B's side of a request: an effect, and the return value goes back as the reply."""
+    Payment.objects.create(order_ref=message.message_id, status="chaos-quote")
+    return {"quoted": message.payload["unit"]}
+
+
+@handler("chaos.quote.reply")
+def chaos_quote_reply(message):
+    """A's side: the reply's effect, keyed by the request's correlation id."""
+    Payment.objects.create(order_ref=message.correlation_id, status="chaos-reply")

@@ -159,3 +159,45 @@ def order_email(order, step):
     """A step of an order's serial key that runs on the emails queue."""
     Payment.objects.create(order_ref=f"{order}:{step}", status="email")
     return step
+
+
+# The chaos harness (tests/chaos): each run of a job writes one row (order_ref = the
+# job's result id), outside the job's record, so a second run shows as a second row.
+
+
+@task(takes_context=True, max_attempts=20, retry_base_seconds=0.2, retry_max_seconds=1)
+def chaos_run(context, tag):
+    Payment.objects.create(order_ref=str(context.task_result.id), status=f"chaos-run:{tag}"[:50])
+    return tag
+
+
+@task(takes_context=True, max_attempts=20, retry_base_seconds=0.2, retry_max_seconds=1)
+def chaos_flaky(context, tag):
+    """Fails its first attempt (a retry), then runs."""
+    if context.attempt == 1:
+        raise ConnectionError(f"{tag}: first attempt fails")
+    Payment.objects.create(order_ref=str(context.task_result.id), status="chaos-flaky")
+    return context.attempt
+
+
+@task(
+    takes_context=True,
+    serial_key="chaos-{key}",
+    max_attempts=20,
+    retry_base_seconds=0.2,
+    retry_max_seconds=1,
+)
+def chaos_serial(context, key, n):
+    """A serial key's job: its runs' row order is the order run."""
+    Payment.objects.create(order_ref=str(context.task_result.id), status="chaos-serial", sequence=n)
+    return n
+
+
+@task(takes_context=True, max_attempts=20, retry_base_seconds=0.2, retry_max_seconds=1)
+def chaos_batch_done(context, batch, tag):
+    """A batch's callback."""
+    Payment.objects.create(
+        order_ref=str(context.task_result.id),
+        status=f"chaos-batch:{batch['succeeded']}/{batch['total']}",
+    )
+    return tag
