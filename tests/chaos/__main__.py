@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 from dataclasses import fields
@@ -105,6 +106,10 @@ def main(argv: list[str]) -> int:
         with open(config.report, "w") as out:
             json.dump(report, out, indent=2, default=str)
     print(summary(report), flush=True)
+    if report["ok"] and not config.keep:
+        shutil.rmtree(run.dir, ignore_errors=True)
+    else:
+        print(f"chaos: each process's output is in {run.dir}", flush=True)
     return 0 if report["ok"] else 1
 
 
