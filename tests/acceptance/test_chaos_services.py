@@ -1,9 +1,10 @@
 """Two services and their jobs under faults, reduced (issue 16, section 2): the chaos
 harness (``python -m tests.chaos``) run at a size CI affords.
 
-Every kind of process SIGKILLed at least once, two hosts cut off, Redis and RabbitMQ
-restarted, the databases' connections terminated, sent messages published again; then
-0 lost, every effect once, keys in order, jobs run, no expired lease left claimed.
+Every kind of process SIGKILLed at least once, the three hosts (a relay's, a
+consumer's, a job worker's) cut off for 10-12 s, Redis and RabbitMQ restarted, the
+databases' connections terminated, sent messages published again; then 0 lost, every
+effect once, keys in order, jobs run, no expired lease left claimed.
 ``make chaos-services`` runs it at full size.
 """
 
@@ -31,7 +32,7 @@ pytestmark = [
 REDUCED = [
     *("--messages", os.environ.get("CHAOS_SERVICES_MESSAGES", "600")),
     *("--jobs", os.environ.get("CHAOS_SERVICES_JOBS", "150")),
-    *("--kills", "12", "--cuts", "2", "--cut-min", "10", "--cut-max", "12"),
+    *("--kills", "12", "--cuts", "3", "--cut-min", "10", "--cut-max", "12"),
     *("--seconds", "50", "--duplicates", "30", "--pg-terminations", "2"),
     *("--drain-timeout", "60", "--seed", os.environ.get("CHAOS_SEED", "16")),
 ]
@@ -65,7 +66,7 @@ def test_two_services_and_their_jobs_survive_every_fault(tmp_path):
         *("producer", "relay-a", "consume-a", "jobs-a", "consume-b"),
         *("web-b", "inbox-worker-b", "relay-b", "jobs-b"),
     }, faults
-    assert len(faults["cuts"]) == 2 and not faults["errors"], faults
+    assert len(faults["cuts"]) == 3 and not faults["errors"], faults
     assert {r["service"] for r in faults["restarts"]} == {"redis", "rabbitmq"}, faults
     # What the harness checked, spelled out.
     assert messages["intents"] == 600 and messages["lost"] == 0
