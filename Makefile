@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry bench-tracing chaos
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-sqlite test-mariadb test-django6 demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
 	@echo "make bench-tracing  what tracing costs send() and the relay: off, the API alone, the SDK (see docs/benchmarks.md)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
+	@echo "make chaos-services  two services and their jobs under faults at full size (SIGKILLs, hosts cut off, brokers and PostgreSQL restarted; see docs/reliability.md)"
 	@echo "make docs   build the documentation site into site/ (mkdocs --strict: any warning or broken link fails)"
 	@echo "make docs-serve  serve the documentation at http://$(DOCS_ADDR), rebuilt on every change"
 
@@ -160,3 +161,12 @@ chaos: $(VENV)/.installed
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CHAOS_MESSAGES=20000 CHAOS_KILLS=12 \
 		$(VENV)/bin/python -m pytest --create-db -s tests/acceptance/test_chaos.py \
 		tests/acceptance/test_recovery.py tests/acceptance/test_crash.py $(PYTEST_ARGS)
+
+# Two services (A and B, each its own PostgreSQL database), their relays, consumers,
+# webhook and job workers, some inside network-namespace hosts, under a seeded
+# schedule of faults; the invariants are checked from both databases at the end.
+# Needs root (ip netns). The reduced run is tests/acceptance/test_chaos_services.py.
+chaos-services: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.chaos --messages 20000 --jobs 5000 --kills 60 --cuts 3 \
+		--seconds 300 --cut-min 10 --cut-max 30 --duplicates 600 --max-drain 10 \
+		--report var/chaos-services.json

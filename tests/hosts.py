@@ -218,7 +218,8 @@ async def _forward(listen: tuple[str, int], target: tuple[str, int]) -> asyncio.
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, server_writer), _pipe(server_reader, writer))
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            await asyncio.gather(_pipe(reader, server_writer), _pipe(server_reader, writer))
 
     return await asyncio.start_server(accepted, *listen, reuse_address=True)
 
@@ -232,6 +233,9 @@ async def _serve(pairs: Sequence[str]) -> None:
         servers.append(await _forward((host, int(port)), (to_host, int(to_port))))
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # A connection reset or cancelled while the host is cut off or torn down is the
+    # point of the exercise, not an error worth a traceback.
+    loop.set_exception_handler(lambda loop, context: None)
     loop.add_signal_handler(signal.SIGTERM, stopped.set)
     await stopped.wait()
     for server in servers:
