@@ -39,6 +39,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
+# The chaos harness's slow / 503 switch (tests/chaos): only when the harness sets it.
+if os.environ.get("TESTPROJECT_CHAOS_WEBHOOK_FAULTS"):
+    MIDDLEWARE.insert(0, "testproject.shop.faults.ChaosWebhookFaultsMiddleware")
 
 ROOT_URLCONF = "testproject.urls"
 TEMPLATES = [

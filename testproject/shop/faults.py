@@ -58,3 +58,37 @@ def install_pause_after_publish(marker: str, seconds: float) -> None:
         time.sleep(seconds)
 
     outbox_batch_published.connect(pause, weak=False, dispatch_uid="pause-after-publish")
+
+
+#: The chaos harness's switch file (tests/chaos): the middleware below is installed only
+#: when this environment variable names a file, and acts only while that file exists.
+CHAOS_WEBHOOK_FAULTS_ENV = "TESTPROJECT_CHAOS_WEBHOOK_FAULTS"
+
+
+class ChaosWebhookFaultsMiddleware:
+    """Test-only: make the server slow or unavailable while the harness says so.
+
+    The file named by ``TESTPROJECT_CHAOS_WEBHOOK_FAULTS`` holds one line: ``slow
+    <seconds>`` (every request waits that long first) or ``503`` (every request is
+    answered 503 Service Unavailable). No file (the normal case): requests pass
+    untouched. Read on every request (one stat), so the harness toggles it live.
+    """
+
+    def __init__(self, get_response: Any) -> None:
+        import os
+
+        self.get_response = get_response
+        self.switch = Path(os.environ[CHAOS_WEBHOOK_FAULTS_ENV])
+
+    def __call__(self, request: Any) -> Any:
+        try:
+            words = self.switch.read_text().split()
+        except OSError:
+            words = []
+        if words[:1] == ["503"]:
+            from django.http import HttpResponse
+
+            return HttpResponse("chaos: unavailable", status=503)
+        if words[:1] == ["slow"] and len(words) > 1:
+            time.sleep(float(words[1]))
+        return self.get_response(request)
