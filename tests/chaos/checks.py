@@ -301,3 +301,50 @@ def leases(db: psycopg.Connection[Any], side: str, failures: list[str]) -> dict[
         if found[table]:
             failures.append(f"{side} {table}: {found[table]} row(s) claimed under an expired lease")
     return found
+
+
+def duplicates(
+    b: psycopg.Connection[Any], published: dict[str, list[str]], failures: list[str]
+) -> dict[str, Any]:
+    """Each message published again at a broker (or posted again to the webhook) left
+    exactly one inbox row in B and at most one effect (none only when skipped as stale):
+    the duplicates were suppressed. Counted from B's database, not from the consumers'
+    words."""
+    ids = sorted({mid for route_ids in published.values() for mid in route_ids})
+    rows = Counter(
+        (source, mid)
+        for source, mid in _rows(
+            b,
+            "SELECT source, message_id FROM django_outbox_inbox WHERE message_id = ANY(%s)",
+            ids,
+        )
+    )
+    states = dict(
+        _rows(
+            b, "SELECT message_id, state FROM django_outbox_inbox WHERE message_id = ANY(%s)", ids
+        )
+    )
+    effects = Counter(
+        ref
+        for (ref,) in _rows(
+            b,
+            "SELECT order_ref FROM shop_payment WHERE order_ref = ANY(%s) AND status = ANY(%s)",
+            ids,
+            list(MESSAGE_EFFECTS),
+        )
+    )
+    bad: list[str] = []
+    for route, route_ids in published.items():
+        for mid in route_ids:
+            if rows.get((route, mid)) != 1:
+                bad.append(f"{route} {mid}: {rows.get((route, mid), 0)} inbox row(s)")
+            expected = 0 if states.get(mid) == "skipped" else 1
+            if effects.get(mid, 0) != expected:
+                bad.append(f"{route} {mid}: {effects.get(mid, 0)} effect(s), {states.get(mid)}")
+    figures: dict[str, Any] = {
+        "published again": {route: len(v) for route, v in published.items()},
+        "suppressed (one row, one effect each)": sum(len(v) for v in published.values()) - len(bad),
+    }
+    if bad:
+        failures.append(f"duplicates not suppressed: {len(bad)}, e.g. {bad[:5]}")
+    return figures

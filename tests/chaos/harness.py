@@ -35,6 +35,7 @@ import redis
 from tests import hosts, services
 from tests.chaos import checks
 from tests.chaos.processes import ROOT, Process, Supervisor
+from tests.chaos.takeover import CutWatch, Reader
 from tests.chaos.workload import Plan
 
 PG = os.environ.get("CHAOS_POSTGRES", "postgres://postgres@127.0.0.1:5432")
@@ -58,6 +59,14 @@ class Config:
     duplicates: int = 300
     pg_terminations: int = 3
     broker_restarts: bool = True
+    pg_restart: bool = True
+    #: Windows in which B's webhook server is slow, then answers 503 (one each).
+    webhook_faults: bool = True
+    webhook_slow_delay: float = 2.0
+    #: Fail if a cut-off host's rows are not all released to others within this (s).
+    max_takeover: float | None = None
+    #: Seconds after a reconnect at which the rows others finished are compared again.
+    fence_wait: float = 5.0
     drain_timeout: float = 300.0
     max_drain: float | None = None
     keep: bool = False
@@ -108,6 +117,12 @@ class Run:
         self.supervisor: Supervisor | None = None
         self.faults: list[Fault] = []
         self.threads: list[threading.Thread] = []
+        self.watches: list[CutWatch] = []
+        #: The messages each duplicate round published again, by destination.
+        self.duplicated: dict[str, set[str]] = {
+            route: set() for route in ("rabbit", "redis", "webhook")
+        }
+        self.webhook_switch = self.dir / "webhook-faults"
         self.t0 = 0.0
 
     # Settings -------------------------------------------------------------------
@@ -197,6 +212,8 @@ class Run:
             PYTHONUNBUFFERED="1",
             TESTPROJECT_VAR_DIR=str(self.dir / side),
         )
+        if side == "b":  # the webhook server's slow / 503 switch (absent: normal)
+            env["TESTPROJECT_CHAOS_WEBHOOK_FAULTS"] = str(self.webhook_switch)
         return env
 
     # Set up ---------------------------------------------------------------------
@@ -243,7 +260,8 @@ class Run:
                 )
             )
 
-        produce_seconds = self.config.seconds * 0.7
+        # Production goes on over the whole window; every fault ends inside it.
+        produce_seconds = self.config.seconds
         for index in range(self.config.producers):
             add(
                 f"producer-{index}",
@@ -276,16 +294,17 @@ class Run:
         faults: list[Fault] = []
         kinds = sorted({p.kind for p in self.processes})
         rng.shuffle(kinds)
+        # Faults fall in [5 %, 85 %] of the window and end before production does.
         for number in range(c.kills):
             kind = kinds[number] if number < len(kinds) else rng.choice(kinds)
-            # Producers finish at 70% of the run: kill them while they work.
-            upper = 0.6 if kind == "producer" else 0.9
-            faults.append(Fault(at=rng.uniform(0.05, upper) * span, kind="kill", target=kind))
+            faults.append(Fault(at=rng.uniform(0.05, 0.85) * span, kind="kill", target=kind))
         names = list(self.hosts)
         slot = 0.8 * span / max(c.cuts, 1)
+        cuts: list[tuple[float, float]] = []
         for number in range(c.cuts):
             seconds = rng.uniform(c.cut_min, c.cut_max)
-            start = 0.1 * span + slot * number + rng.uniform(0, max(0.0, slot - seconds))
+            start = 0.05 * span + slot * number + rng.uniform(0, max(0.0, slot - seconds))
+            cuts.append((start, start + seconds))
             faults.append(
                 Fault(
                     at=start,
@@ -299,15 +318,34 @@ class Run:
             faults.append(
                 Fault(at=rng.uniform(0.3, 0.75) * span, kind="restart", target="rabbitmq")
             )
+        if c.pg_restart:
+            # Outside the cuts (their takeover is measured while PostgreSQL answers).
+            at = rng.uniform(0.25, 0.7) * span
+            for _ in range(200):
+                if not any(a - 3 < at < b + 3 for a, b in cuts):
+                    break
+                at = rng.uniform(0.15, 0.8) * span
+            faults.append(Fault(at=at, kind="restart", target="postgres"))
+        if c.webhook_faults:
+            for kind in ("slow", "unavailable"):
+                seconds = rng.uniform(c.cut_min / 2, c.cut_min)
+                faults.append(
+                    Fault(
+                        at=rng.uniform(0.1 * span, 0.85 * span - seconds),
+                        kind=kind,
+                        target="web-b",
+                        detail={"seconds": round(seconds, 1)},
+                    )
+                )
         for _ in range(c.pg_terminations):
             faults.append(
-                Fault(at=rng.uniform(0.1, 0.9) * span, kind="terminate", target="postgres")
+                Fault(at=rng.uniform(0.1, 0.85) * span, kind="terminate", target="postgres")
             )
         rounds = 3 if c.duplicates else 0
         for number in range(rounds):
             faults.append(
                 Fault(
-                    at=rng.uniform(0.3, 0.9) * span,
+                    at=rng.uniform(0.3, 0.85) * span,
                     kind="duplicate",
                     target="brokers",
                     detail={"count": c.duplicates // rounds, "seed": c.seed * 100 + number},
@@ -340,32 +378,99 @@ class Run:
             fault.ended = fault.started
         elif fault.kind == "cut":
             host = self.hosts[fault.target]
+            side = "a" if fault.target == "arelay" else "b"
+            pids = [p.popen.pid for p in self.processes if p.host is host and p.alive and p.popen]
+            watch = CutWatch(
+                fault.target,
+                pids,
+                Reader(f"{PG}/{self.dbs[side]}", APPLICATION),
+                clock=lambda: time.time() - self.t0,
+                fence_wait=self.config.fence_wait,
+            )
+            self.watches.append(watch)
 
             def cut() -> None:
                 host.cut()
                 try:
-                    time.sleep(fault.detail["seconds"])
+                    watch.cut()
+                    time.sleep(
+                        max(
+                            0.0,
+                            fault.detail["seconds"]
+                            - (time.time() - self.t0 - (fault.started or 0)),
+                        )
+                    )
                 finally:
                     host.reconnect()
+                    watch.reconnect()
 
             self._in_background(fault, cut)
         elif fault.kind == "restart":
-            work = restart_redis if fault.target == "redis" else restart_rabbitmq
+            works = {
+                "redis": restart_redis,
+                "rabbitmq": restart_rabbitmq,
+                "postgres": restart_postgres,
+            }
+            work = works[fault.target]
             self._in_background(fault, lambda: fault.detail.update(work()))
+        elif fault.kind in ("slow", "unavailable"):
+            line = f"slow {self.config.webhook_slow_delay}" if fault.kind == "slow" else "503"
+            fault.detail["switch"] = line
+
+            def degrade() -> None:
+                self.webhook_switch.write_text(line)
+                try:
+                    time.sleep(fault.detail["seconds"])
+                finally:
+                    self.webhook_switch.unlink(missing_ok=True)
+
+            self._in_background(fault, degrade)
         elif fault.kind == "terminate":
-            with _admin() as admin:
-                rows = admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = ANY(%s) AND pid <> pg_backend_pid() "
-                    "AND application_name <> %s",
-                    (list(self.dbs.values()), APPLICATION),
-                ).fetchall()
-            fault.detail["connections"] = len(rows)
-            fault.ended = fault.started
+            fault.detail["connections"] = self.terminate()
+            fault.ended = time.time() - self.t0
         elif fault.kind == "duplicate":
             self._in_background(fault, lambda: fault.detail.update(self.duplicate(fault)))
 
+    def terminate(self) -> int:
+        """Terminate the services' connections (not ours); retried while PostgreSQL
+        restarts."""
+        deadline = time.time() + 60
+        while True:
+            try:
+                with _admin() as admin:
+                    rows = admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = ANY(%s) AND pid <> pg_backend_pid() "
+                        "AND application_name <> %s",
+                        (list(self.dbs.values()), APPLICATION),
+                    ).fetchall()
+                return len(rows)
+            except psycopg.OperationalError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def duplicate(self, fault: Fault) -> dict[str, Any]:
+        """One round of duplicates; tried again (another sample is not taken: the same
+        seed) when the round could not publish, e.g. PostgreSQL or a broker restarting."""
+        for tries in range(1, 4):
+            try:
+                found = self._duplicate_once(fault)
+            except RuntimeError:
+                if tries == 3:
+                    raise
+                time.sleep(3)
+                continue
+            failed = {route: n for route, n in found["failed"].items() if n}
+            if not failed or tries == 3:
+                break
+            fault.detail.setdefault("rounds failed", []).append(failed)
+            time.sleep(3)  # a broker restarting: publish the round again
+        for route, ids in found.pop("ids").items():
+            self.duplicated[route].update(ids)
+        return found
+
+    def _duplicate_once(self, fault: Fault) -> dict[str, Any]:
         done = subprocess.run(
             [
                 *(sys.executable, "-m", "tests.chaos.workload", "duplicate"),
@@ -409,11 +514,14 @@ class Run:
         producers = [p for p in self.processes if p.once]
         deadline = time.time() + c.drain_timeout
         while not all(p.finished for p in producers) and time.time() < deadline:
-            time.sleep(0.2)
-        produced = time.time() - self.t0
+            time.sleep(0.1)
+        # Production ended when the last producer exited (seen within 0.1 s).
+        produced = max((p.finished_at or time.time()) for p in producers) - self.t0
         last_fault = max((f.ended or f.started or 0.0) for f in self.faults) if self.faults else 0.0
         self.log(f"chaos: production done at {produced:.1f}s, last fault ended {last_fault:.1f}s")
         drained, remaining = self.drain()
+        for watch in self.watches:
+            watch.join()
         report: dict[str, Any] = {
             "config": asdict(c),
             "plan": {
@@ -426,7 +534,7 @@ class Run:
             "drained (s)": None if drained is None else round(drained, 2),
             "drain after last fault (s)": None
             if drained is None
-            else round(drained - max(last_fault, produced), 2),
+            else round(max(0.0, drained - max(last_fault, produced)), 2),
             "remaining": {k: v for k, v in remaining.items() if v},
         }
         time.sleep(2)  # anything a process still does after the drain, before the checks
@@ -438,6 +546,7 @@ class Run:
         report["faults"] = self.fault_summary()
         report["duplicates suppressed (clean exits only)"] = self.duplicates_from_logs()
         failures: list[str] = []
+        report["takeover"] = self.takeover(failures)
         if drained is None:
             failures.append(f"not drained after {c.drain_timeout} s: {report['remaining']}")
         elif c.max_drain is not None and report["drain after last fault (s)"] > c.max_drain:
@@ -449,6 +558,12 @@ class Run:
             report["messages"] = checks.messages(a, b, failures)
             report["jobs A"] = checks.jobs(a, "A", self.plan.expected_jobs_a(), failures)
             report["jobs B"] = checks.jobs(b, "B", self.plan.expected_jobs_b(), failures)
+            report["duplicates"] = checks.duplicates(
+                b, {route: sorted(ids) for route, ids in self.duplicated.items()}, failures
+            )
+            depths = report["duplicates"]["left in the brokers"] = self.queue_depths()
+            if any(depths.values()):
+                failures.append(f"messages left unconsumed in B's queues: {depths}")
             report["expired leases"] = {
                 "A": checks.leases(a, "A", failures),
                 "B": checks.leases(b, "B", failures),
@@ -464,19 +579,74 @@ class Run:
         )
 
     def drain(self) -> tuple[float | None, dict[str, int]]:
-        """Seconds after t0 when nothing was left to do (None: not within the timeout)."""
+        """Seconds after t0 when every invariant's count was reached (polled every
+        0.1 s; None: not within the timeout)."""
         deadline = time.time() + self.config.drain_timeout
         remaining: dict[str, int] = {}
-        while time.time() < deadline:
-            try:
-                with self.connect("a") as a, self.connect("b") as b:
+        a = b = None
+        try:
+            while time.time() < deadline:
+                try:
+                    a = a if a is not None and not a.closed else self.connect("a")
+                    b = b if b is not None and not b.closed else self.connect("b")
                     remaining = checks.progress(a, b, self.plan)
-            except psycopg.Error as exc:
-                remaining = {f"unreadable: {exc}": 1}
-            if not any(remaining.values()):
-                return time.time() - self.t0, remaining
-            time.sleep(0.25)
-        return None, remaining
+                except psycopg.Error as exc:
+                    remaining = {f"unreadable: {exc}": 1}
+                    for db in (a, b):
+                        if db is not None:
+                            db.close()
+                    a = b = None
+                if not any(remaining.values()):
+                    return time.time() - self.t0, remaining
+                time.sleep(0.1)
+            return None, remaining
+        finally:
+            for db in (a, b):
+                if db is not None:
+                    db.close()
+
+    def takeover(self, failures: list[str]) -> list[dict[str, Any]]:
+        """Per cut: how long until the others had the cut-off host's rows, and whether
+        its late writes changed any of them."""
+        found = []
+        limit = self.config.max_takeover
+        for watch in self.watches:
+            figures = watch.report()
+            found.append(figures)
+            where = f"cut of {watch.host} at {watch.cut_at and round(watch.cut_at, 1)} s"
+            if watch.error:
+                failures.append(f"{where}: could not watch its rows: {watch.error}")
+            held = sum(figures["held at the cut"].values())
+            released = figures["released after (s)"]
+            if held and released is None:
+                failures.append(f"{where}: {held} held row(s) never released to the others")
+            elif held and limit is not None and released > limit:
+                failures.append(f"{where}: released after {released} s (limit {limit} s)")
+            if held and figures["finished by others after (s)"] is None:
+                failures.append(f"{where}: its held rows were not all finished")
+            if watch.changed:
+                failures.append(f"{where}: late writes changed finished rows: {watch.changed[:3]}")
+        return found
+
+    def queue_depths(self) -> dict[str, int | None]:
+        """Messages still in the brokers' queues of B after the run (0: all consumed)."""
+        depths: dict[str, int | None] = {}
+        try:
+            client = redis.Redis(port=6379, db=REDIS_DBS[0])
+            depths["redis"] = int(client.llen(self.queues["b-redis"])) + int(client.hlen("unacked"))
+            client.close()
+        except redis.RedisError:
+            depths["redis"] = None
+        try:
+            import kombu
+
+            with kombu.Connection(AMQP) as connection:
+                channel = connection.channel()
+                _, count, _ = channel.queue_declare(self.queues["b-rabbit"], passive=True)
+                depths["rabbit"] = int(count)
+        except Exception:
+            depths["rabbit"] = None
+        return depths
 
     def fault_summary(self) -> dict[str, Any]:
         kills = [f for f in self.faults if f.kind == "kill"]
@@ -501,6 +671,23 @@ class Run:
                 f.detail.get("published", f.detail.get("error"))
                 for f in self.faults
                 if f.kind == "duplicate"
+            ],
+            "webhook": [
+                {"kind": f.kind, "at": round(f.started or 0, 1), **f.detail}
+                for f in self.faults
+                if f.kind in ("slow", "unavailable")
+            ],
+            "timeline": [
+                {
+                    "kind": f.kind,
+                    "target": f.target,
+                    "at": round(f.started or f.at, 2),
+                    "ended": None if f.ended is None else round(f.ended, 2),
+                    **{
+                        k: v for k, v in f.detail.items() if k in ("process", "seconds", "down (s)")
+                    },
+                }
+                for f in self.faults
             ],
             "errors": [
                 f"{f.kind} {f.target}: {f.detail['error']}"
@@ -606,4 +793,28 @@ def restart_rabbitmq() -> dict[str, Any]:
     services.stop_rabbitmq_app()
     time.sleep(2)
     services.start_rabbitmq_app()
+    return {"down (s)": round(time.monotonic() - started, 2)}
+
+
+def restart_postgres() -> dict[str, Any]:
+    """Restart this machine's PostgreSQL cluster (``pg_ctlcluster ... restart``: a fast
+    shutdown, every connection cut, then a start) and wait until it accepts connections.
+    Both services' databases are on it; so is every other user of this machine's
+    PostgreSQL, hence once per run, from the harness only."""
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    started = time.monotonic()
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    while True:
+        try:
+            _admin().close()
+            break
+        except psycopg.OperationalError:
+            if time.monotonic() - started > 120:
+                raise
+            time.sleep(0.1)
     return {"down (s)": round(time.monotonic() - started, 2)}

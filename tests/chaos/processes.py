@@ -41,6 +41,8 @@ class Process:
     #: Exit statuses of the runs that ended on their own (not by our SIGKILL/SIGTERM).
     exits: list[int] = field(default_factory=list)
     finished: bool = False
+    #: When a one-shot process was seen to have finished (``time.time()``).
+    finished_at: float | None = None
     _out: IO[bytes] | None = None
 
     def start(self) -> None:
@@ -121,6 +123,7 @@ class Supervisor:
                         process.exits.append(status)
                     if process.once and status == 0:
                         process.finished = True
+                        process.finished_at = time.time()
                         continue
                     time.sleep(self.pause)
                     if not self._stopping.is_set():

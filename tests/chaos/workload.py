@@ -169,8 +169,9 @@ def _sent_messages(count: int, seed: int) -> Iterator[object]:
     yield from OutboxMessage.objects.filter(id__in=chosen).order_by("id")
 
 
-def duplicate(count: int, seed: int) -> dict[str, int]:
-    """Publish *count* sent messages again, through their destinations' transports."""
+def duplicate(count: int, seed: int) -> dict[str, object]:
+    """Publish *count* sent messages again, through their destinations' transports;
+    say which went out (by destination) and how many could not (a broker down)."""
     _setup()
     from django_outbox.conf import get_settings
     from django_outbox.outbox.envelope import Envelope
@@ -180,15 +181,23 @@ def duplicate(count: int, seed: int) -> dict[str, int]:
     for message in _sent_messages(count, seed):
         by_route.setdefault(message.destination, []).append(Envelope.from_message(message))  # type: ignore[attr-defined]
     published: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    ids: dict[str, list[str]] = {}
+    errors: dict[str, str] = {}
     for route, envelopes in by_route.items():
         transport = get_transport(get_settings().outbox.destination(route))
         outcomes = transport.publish(envelopes)
-        published[route] = sum(  # missing from the outcomes: not attempted
-            1
-            for envelope in envelopes
-            if envelope.message_id in outcomes and outcomes[envelope.message_id] is None
-        )
-    return published
+        # Missing from the outcomes: not attempted.
+        went = [
+            str(e.message_id)
+            for e in envelopes
+            if e.message_id in outcomes and outcomes[e.message_id] is None
+        ]
+        ids[route] = went
+        published[route] = len(went)
+        failed[route] = len(envelopes) - len(went)
+        errors.update((route, repr(o)[:200]) for o in outcomes.values() if o is not None)
+    return {"published": published, "failed": failed, "errors": errors, "ids": ids}
 
 
 def main(argv: list[str]) -> int:
@@ -211,7 +220,7 @@ def main(argv: list[str]) -> int:
         committed = produce(plan, args.index, args.of, args.t0, args.seconds)
         print(json.dumps({"committed": committed}), flush=True)
     else:
-        print(json.dumps({"published": duplicate(args.count, args.seed)}), flush=True)
+        print(json.dumps(duplicate(args.count, args.seed)), flush=True)
     return 0
 
 
