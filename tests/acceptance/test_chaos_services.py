@@ -3,7 +3,8 @@ harness (``python -m tests.chaos``) run at a size CI affords.
 
 Every kind of process SIGKILLed at least once, the three hosts (a relay's, a
 consumer's, a job worker's) cut off for 10-12 s, Redis and RabbitMQ restarted, the
-databases' connections terminated, sent messages published again; then 0 lost, every
+databases' connections terminated, PostgreSQL restarted once, B's webhook slow and then
+answering 503 for a while, sent messages published again; then 0 lost, every
 effect once, keys in order, jobs run, no expired lease left claimed.
 ``make chaos-services`` runs it at full size.
 """
@@ -35,6 +36,7 @@ REDUCED = [
     *("--kills", "12", "--cuts", "3", "--cut-min", "10", "--cut-max", "12"),
     *("--seconds", "50", "--duplicates", "30", "--pg-terminations", "2"),
     *("--drain-timeout", "60", "--seed", os.environ.get("CHAOS_SEED", "16")),
+    *("--max-takeover", "10"),
 ]
 
 
@@ -67,7 +69,10 @@ def test_two_services_and_their_jobs_survive_every_fault(tmp_path):
         *("web-b", "inbox-worker-b", "relay-b", "jobs-b"),
     }, faults
     assert len(faults["cuts"]) == 3 and not faults["errors"], faults
-    assert {r["service"] for r in faults["restarts"]} == {"redis", "rabbitmq"}, faults
+    assert {r["service"] for r in faults["restarts"]} == {"redis", "rabbitmq", "postgres"}, faults
+    assert {w["kind"] for w in faults["webhook"]} == {"slow", "unavailable"}, faults
+    assert len(report["takeover"]) == 3, report["takeover"]
+    assert report["duplicates"]["suppressed (one row, one effect each)"] > 0, report["duplicates"]
     # What the harness checked, spelled out.
     assert messages["intents"] == 600 and messages["lost"] == 0
     assert messages["duplicated_effects"] == 0 and messages["not_handled"] == 0
