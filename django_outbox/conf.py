@@ -263,6 +263,7 @@ _SOURCE_KEYS = frozenset(
         "ACCEPT_V1",
         "PREFETCH",
         "HEARTBEAT",
+        "LEASE_SECONDS",
         "MAX_BODY_BYTES",
         "TYPE_HEADER",
         "KEY_HEADER",
@@ -526,6 +527,8 @@ def _source(name: Any, raw: Any, max_body: int) -> Source:
         raise ConfigurationError(f"{path}['ACCEPT_V1'] must be True or False")
     if "HEARTBEAT" in raw:
         _number(raw, "HEARTBEAT", None, path)
+    if "LEASE_SECONDS" in raw:
+        _number(raw, "LEASE_SECONDS", None, path)
     return Source(
         name=name,
         transport=transport,

@@ -44,6 +44,8 @@ POINTS: tuple[str, ...] = (
     "inbox.before_commit",
     # inbox_consume: the batch's transaction committed, nothing acknowledged to the broker
     "inbox.before_ack",
+    # inbox_consume, Redis source: messages taken into the processing list, none stored
+    "inbox.after_take",
     # jobs: a job's attempt is declared and its function is being called
     "jobs.in_job",
     # jobs: a batch's callback is enqueued and the batch marked finished, not committed

@@ -264,6 +264,68 @@ def test_consumer_killed_after_storing_before_acking(rabbitmq_source, tmp_path):
     handled_each_once(5)
 
 
+@pytest.fixture
+def redis_source(configure_outbox, redis_url, queue_name):
+    """A Redis source whose consumers' leases run out 1 s after their last renewal."""
+    configure_outbox(
+        INBOX={
+            "SOURCES": {
+                "shop": {
+                    "TRANSPORT": "kombu",
+                    "URL": redis_url,
+                    "QUEUE": queue_name,
+                    "LEASE_SECONDS": 1.0,
+                }
+            }
+        },
+        **TIMINGS,
+    )
+    return redis_url, queue_name
+
+
+def redis_lists(url: str, queue: str) -> dict[str, int]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    lists = {queue: client.llen(queue)}
+    for key in client.scan_iter(match=f"{queue}:processing:*"):
+        lists[key.decode()] = client.llen(key)
+    return lists
+
+
+@pytest.mark.redis
+def test_redis_consumer_killed_after_taking_before_storing(redis_source, tmp_path):
+    """The messages it took are in its processing list, not lost in flight: once its
+    lease runs out, the survivor moves them back and handles each once."""
+    publish_payments(redis_source, 5)
+
+    killed_at("inbox.after_take", tmp_path, *CONSUME)
+
+    assert not InboxMessage.objects.exists()
+    url, queue = redis_source
+    left = redis_lists(url, queue)
+    assert sum(n for key, n in left.items() if key != queue) >= 1, left  # taken, kept
+    output = survivor(*CONSUME, "--until-idle", "3", until=lambda: handled() == 5, what="5")
+    assert summary(output)["received"] == 5
+    handled_each_once(5)
+    assert set(redis_lists(url, queue).values()) == {0}  # nothing left anywhere
+
+
+@pytest.mark.redis
+def test_redis_consumer_killed_after_storing_before_acking(redis_source, tmp_path):
+    publish_payments(redis_source, 5)
+
+    killed_at("inbox.before_ack", tmp_path, *CONSUME, "--no-handle")
+
+    stored = InboxMessage.objects.count()
+    assert stored >= 1  # committed, still in the processing list
+    output = survivor(*CONSUME, "--until-idle", "3", until=lambda: handled() == 5, what="5")
+    assert summary(output)["duplicates"] >= stored  # moved back, recognised
+    handled_each_once(5)
+    url, queue = redis_source
+    assert set(redis_lists(url, queue).values()) == {0}
+
+
 @pytest.mark.rabbitmq
 def test_consumer_killed_inside_a_handler_before_its_commit(rabbitmq_source, tmp_path):
     """inbox_consume stores and handles a batch in one transaction: the rows and the

@@ -237,3 +237,97 @@ def test_a_consumer_cut_off_mid_batch_is_taken_over_and_every_effect_happens_onc
     assert taken_over < hosts.DEAD_AFTER + RECOVERY_WINDOW, output
     assert Counter(Payment.objects.values_list("order_ref", flat=True)) == Counter(orders), output
     assert InboxMessage.objects.count() == len(orders)
+
+
+@pytest.mark.redis
+def test_a_redis_consumer_cut_off_while_waiting_loses_nothing_redis_handed_it(
+    host, configure_outbox, redis_url, queue_name
+):
+    """Cut off while it waits for a message (a blocking move pending in Redis), the
+    consumer is handed the first message published: Redis moves it into the consumer's
+    processing list and the answer vanishes with the link. With a plain ``BRPOP`` that
+    message would be gone; here it waits in the list until the consumer's lease runs
+    out, and the survivor moves it back."""
+    configure_outbox(
+        INBOX={
+            "SOURCES": {
+                "shop": {
+                    "TRANSPORT": "kombu",
+                    "URL": redis_url,
+                    "QUEUE": queue_name,
+                    "LEASE_SECONDS": 3.0,
+                }
+            }
+        }
+    )
+    away = host("redis-consumer")
+    doomed = manage_in(away, "inbox_consume", "--json", "--batch", "10")
+    survivor = None
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_for(
+            lambda: any(client.scan_iter(match=f"{queue_name}:consumer:*")),
+            timeout=60,
+            what="the cut-off consumer to take its lease",
+        )
+        processing = f"{queue_name}:processing:*"
+
+        def publish(n: int) -> None:
+            with Connection(redis_url) as connection:
+                connection.Producer().publish(
+                    {"order": f"r{n}"},
+                    routing_key=queue_name,
+                    serializer="json",
+                    headers={"outbox-message-id": f"r-{n}", "outbox-type": "payment.captured"},
+                )
+
+        def in_flight() -> int:
+            return sum(client.llen(key) for key in client.scan_iter(match=processing))
+
+        for _ in range(10):
+            # Cut while its blocking move waits in Redis, then publish: Redis moves the
+            # message into its processing list, and the answer vanishes.
+            wait_for(
+                lambda: any(c.get("cmd") == "blmove" for c in client.client_list()),
+                timeout=10,
+                what="the consumer to wait in Redis",
+                interval=0.01,
+            )
+            away.cut()
+            cut_at = time.monotonic()
+            publish(0)
+            time.sleep(0.5)
+            if in_flight() == 1:
+                break
+            away.reconnect()  # its wait had ended: the message is still queued
+            wait_for(lambda: Payment.objects.count() == 1, timeout=30, what="r0 handled there")
+            Payment.objects.all().delete()
+            InboxMessage.objects.all().delete()
+        assert in_flight() == 1, "never cut off while Redis was handing it a message"
+        for n in range(1, 5):
+            publish(n)
+        survivor = read_as_it_comes(
+            spawn_manage("inbox_consume", "--json", "--batch", "10", env=subprocess_env())
+        )
+        wait_for(
+            lambda: Payment.objects.count() >= 5,
+            timeout=60,
+            what="every message handled",
+            interval=0.1,
+        )
+        taken_over = time.monotonic() - cut_at
+        time.sleep(max(0.0, CUT_SECONDS - (time.monotonic() - cut_at)))
+        away.reconnect()
+        time.sleep(3)  # the cut-off consumer comes back, finds its connections gone
+    finally:
+        output = finish(doomed, signal.SIGKILL)
+        if survivor is not None:
+            finish(survivor, signal.SIGTERM)
+    print(f"\nRedis consumer cut off: every message handled {taken_over:.2f} s after the cut")
+    assert sorted(Payment.objects.values_list("order_ref", flat=True)) == [
+        f"r{n}" for n in range(5)
+    ], output
+    assert InboxMessage.objects.count() == 5
+    assert client.llen(queue_name) == 0

@@ -336,11 +336,7 @@ class KombuConsumer:
                 self.source.name,
             )
             self.result.failed_batches += 1
-            for message in batch:
-                try:
-                    message.requeue()
-                except Exception:  # the connection may be gone: the broker redelivers
-                    logger.debug("requeue failed", exc_info=True)
+            self._give_back(batch)
             connections[self.using].close()
             time.sleep(1.0)
             return
@@ -364,7 +360,7 @@ class KombuConsumer:
                 refused,
             )
             self.result.refused += 1
-            batch[position].reject(requeue=False)
+            self._reject(batch[position])
         faults.point("inbox.before_ack")  # committed (stored, handled), not acknowledged
         self._ack([m for n, m in enumerate(batch) if n not in stored.refused])
         self.result.batches += 1
@@ -426,6 +422,18 @@ class KombuConsumer:
             # Nobody here handles them: wake the handlers as DISPATCH says.
             triggers.dispatch("inbox", self.using, stored.ids)
         return stored, handled
+
+    def _give_back(self, batch: list[Any]) -> None:
+        """Return *batch*, never stored, to the queue."""
+        for message in batch:
+            try:
+                message.requeue()
+            except Exception:  # the connection may be gone: the broker redelivers
+                logger.debug("requeue failed", exc_info=True)
+
+    def _reject(self, message: Any) -> None:
+        """Give up *message*, which the database refused even as unreadable."""
+        message.reject(requeue=False)
 
     def _ack(self, batch: list[Any]) -> None:
         """Acknowledge *batch*: on AMQP with one frame (``multiple``: every delivery up to

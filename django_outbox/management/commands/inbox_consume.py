@@ -25,6 +25,7 @@ from django_outbox.engine import heartbeat
 from django_outbox.engine.loop import WorkerLoop
 from django_outbox.inbox.consumers.kombu import ConsumeResult, KombuConsumer
 from django_outbox.inbox.consumers.outage import SourceUnavailable
+from django_outbox.inbox.consumers.redis import RedisConsumer
 from django_outbox.inbox.handling import Inbox
 from django_outbox.management.commands._args import non_negative_float, positive_int
 from django_outbox.management.commands._worker import add_metrics_port, serve_metrics
@@ -138,8 +139,13 @@ class Command(BaseCommand):
                     f"source {name!r} is a {source.transport} source, not kombu: "
                     + _ARRIVAL[source.transport].format(name=name)
                 )
+            consumer_class = (
+                RedisConsumer
+                if str(source.options.get("url", "")).startswith(("redis://", "rediss://"))
+                else KombuConsumer
+            )
             consumers.append(
-                KombuConsumer(
+                consumer_class(
                     source,
                     using=options["database"],
                     batch_size=options["batch"],
