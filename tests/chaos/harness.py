@@ -193,8 +193,8 @@ class Run:
                         "TRANSPORT": "kombu",
                         "URL": redis_url,
                         "QUEUE": self.queues["b-redis"],
-                        # A killed consumer's deliveries come back after this long.
-                        "TRANSPORT_OPTIONS": {"visibility_timeout": 10},
+                        # A killed or cut-off consumer's messages go back after this long.
+                        "LEASE_SECONDS": 5,
                         "REPLY_TO": "a",
                     },
                     "webhook": {"TRANSPORT": "webhook", "SECRET": self.secret, "REPLY_TO": "a"},
