@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import F, Value
 
 from django_outbox.engine import clock
@@ -266,6 +266,26 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
     applied = Applied()
     if not changes:
         return applied
+    parking: list[Any] = []
+    freeing: list[Any] = []
+    if part.ordering is not None:
+        parking = [c.row for c in changes if c.values.get("blocking") is True]
+        freeing = [
+            c.row
+            for c in changes
+            if c.transition is Transition.MARK_DONE and getattr(c.row, "blocking", False)
+        ]
+        if parking or freeing:
+            # Only the rows still held park or free their keys: a writer fenced out
+            # (its lease taken over, the row finished by another) changes nothing,
+            # its keys included. Locked until the writes, so no rescue comes between.
+            ids = [row.pk for row in (*parking, *freeing)]
+            rows = with_ids(held, ids)
+            if transaction.get_connection(held.db).in_atomic_block:
+                rows = rows.select_for_update()
+            still = set(rows.values_list("pk", flat=True))
+            parking = [row for row in parking if row.pk in still]
+            freeing = [row for row in freeing if row.pk in still]
     # Rows that share one dict of values (finished with nothing of their own) go in one
     # UPDATE; the rest are grouped by equal values, or written with CASE.
     shared: dict[Any, tuple[dict[str, Any], list[Any]]] = {}
@@ -289,17 +309,10 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
         else:
             written += with_ids(held, ids).update(**values)
     written += update_each(held, each)
-    if part.ordering is not None:
-        parking = [c.row for c in changes if c.values.get("blocking") is True]
-        freeing = [
-            c.row
-            for c in changes
-            if c.transition is Transition.MARK_DONE and getattr(c.row, "blocking", False)
-        ]
-        if parking:
-            ordering.block(part, parking)
-        if freeing:
-            ordering.unblock(part, freeing)
+    if parking:
+        ordering.block(part, parking)
+    if freeing:
+        ordering.unblock(part, freeing)
     applied.fenced = len(changes) - written
     applied.written = list(changes)
     return applied

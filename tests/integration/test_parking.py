@@ -115,3 +115,32 @@ def test_a_parked_key_costs_the_claim_of_other_keys_nothing():
     # The scan met one row, the other key's: not one parked row was read and
     # thrown away (before parking, all 20,000 were, on every claim).
     assert (scan["Actual Rows"], scan.get("Rows Removed by Filter", 0)) == (1, 0), explained
+
+
+def test_a_late_failure_fenced_out_parks_nothing():
+    """A relay whose lease was taken over records its head's failure late: the write is
+    fenced out, and so is the parking of the key. (Found by the chaos run: a relay cut
+    off mid-batch came back and parked a key whose head another relay had sent; the
+    followers waited forever.)"""
+    from django.utils import timezone
+
+    from django_outbox.engine.outcomes import Retry
+    from django_outbox.outbox.maintenance import sweep
+
+    for n in range(3):
+        django_outbox.send("b", {"n": n}, key="k")
+    late = Relay()
+    rows, lease = late.claim_batch()
+    assert [row.sequence for row in rows] == [1, 2, 3]
+    # Its lease runs out; the sweep takes the rows back and another relay sends them.
+    later = timezone.now() + timezone.timedelta(seconds=3600)
+    OutboxMessage.objects.update(locked_until=timezone.now() - timezone.timedelta(seconds=1))
+    sweep(now=later, time_budget=5)  # rescues them, then sends what is due
+    assert set(OutboxMessage.objects.values_list("state", flat=True)) == {OutboxState.SENT}
+    django_outbox.send("b", {"n": 3}, key="k")  # the key goes on
+    # The first relay comes back and records that its head failed.
+    head = rows[0]
+    result = late.record([head], {head.pk: Retry("broker went away")}, lease)
+    assert result.retried == 0  # fenced out
+    assert parked() == [] and not key_parked()
+    assert Relay().drain().sent == 1  # the key is not wedged
