@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.redis,
     pytest.mark.netns,
     pytest.mark.jobs,
+    pytest.mark.restarts_services,
 ]
 
 REDUCED = [

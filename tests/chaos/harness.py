@@ -453,16 +453,19 @@ class Run:
     def duplicate(self, fault: Fault) -> dict[str, Any]:
         """One round of duplicates; tried again (another sample is not taken: the same
         seed) when the round could not publish, e.g. PostgreSQL or a broker restarting."""
-        for tries in range(1, 4):
+        # Up to about 30 s: PostgreSQL shutting down for its restart may take a while
+        # on a loaded machine (CI), and a broker restart as long.
+        tries_at_most = 10
+        for tries in range(1, tries_at_most + 1):
             try:
                 found = self._duplicate_once(fault)
             except RuntimeError:
-                if tries == 3:
+                if tries == tries_at_most:
                     raise
                 time.sleep(3)
                 continue
             failed = {route: n for route, n in found["failed"].items() if n}
-            if not failed or tries == 3:
+            if not failed or tries == tries_at_most:
                 break
             fault.detail.setdefault("rounds failed", []).append(failed)
             time.sleep(3)  # a broker restarting: publish the round again
