@@ -64,13 +64,16 @@ class Trigger:
     harmless: the runner finds nothing to claim for them.
     """
 
-    __slots__ = ("fired", "ids", "part", "using")
+    __slots__ = ("fired", "hooks", "ids", "part", "using")
 
-    def __init__(self, part: str, using: str) -> None:
+    def __init__(self, part: str, using: str, hooks: list[Any]) -> None:
         self.part = part
         self.using = using
         self.ids: list[Any] = []
         self.fired = False
+        #: The connection's list of on-commit hooks it was made for: Django replaces
+        #: that list when the transaction commits or rolls back (or a savepoint does).
+        self.hooks = hooks
 
     def __call__(self) -> None:
         if self.fired:
@@ -87,8 +90,10 @@ def schedule(part: str, using: str, pk: Any) -> None:
         return
     attribute = f"_django_outbox_trigger_{part}"
     trigger: Trigger | None = getattr(connection, attribute, None)
-    if trigger is None or trigger.fired:
-        trigger = Trigger(part, using)
+    if trigger is None or trigger.fired or trigger.hooks is not connection.run_on_commit:
+        # A trigger of its own for each transaction: one left by a transaction that
+        # rolled back never fired, and must not carry its ids into this one.
+        trigger = Trigger(part, using, connection.run_on_commit)
         setattr(connection, attribute, trigger)
     trigger.ids.append(pk)
     transaction.on_commit(trigger, using=using)

@@ -376,3 +376,17 @@ def test_notify_mode_queues_the_notification_in_the_insert_itself(
         assert (notification.channel, notification.payload) == ("django_outbox", "outbox")
     finally:
         listener.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_transaction_leaves_no_ids_for_the_next_one(dispatched):
+    """The next transaction on the connection dispatches its own rows only (the
+    trigger of one that rolled back never fired, and was reused: its ids went out with
+    the next commit, and a process whose sends kept rolling back grew its list)."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        for n in range(3):
+            django_outbox.send("order.created", {"n": n})
+        raise RuntimeError("business failure")
+    with transaction.atomic():
+        kept = django_outbox.send("order.created", {"n": "kept"})
+    assert dispatched == [[kept.pk]]
