@@ -78,9 +78,7 @@ def test_the_worker_warns_when_beat_stops_and_when_it_is_back(configure_outbox, 
             # The mark is stamped by the rescue sweep; the row goes out with the next
             # due-rows sweep, which beat runs on its own schedule.
             wait_for(
-                lambda: not OutboxMessage.objects.filter(
-                    state=OutboxState.SHOULD_BE_SENT
-                ).exists(),
+                lambda: not OutboxMessage.objects.filter(state=OutboxState.SHOULD_BE_SENT).exists(),
                 timeout=30,
                 what="beat's sweeps, back, to deliver the waiting row",
             )
