@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -64,7 +64,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python manage.py migrate -v0
 	$(VENV)/bin/python manage.py outbox_demo
 
-test: lint docs test-postgres test-sqlite test-mariadb test-django6 test-chaos demo-ci bench-ci
+test: lint docs test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench-ci
 	@echo "all test stages passed"
 
 # The documentation site (mkdocs.yml, docs/): strict, so a warning, a broken link or
@@ -92,7 +92,17 @@ lint: $(VENV)/.installed
 # Django 5.2 / Python 3.11 on PostgreSQL: every test, real services.
 test-postgres: $(VENV)/.installed chromium
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV)/bin/python -m pytest --create-db -m "not restarts_services" $(PYTEST_ARGS)
+		$(VENV)/bin/python -m pytest --create-db -m "not restarts_services and not partitioned" $(PYTEST_ARGS)
+
+# PostgreSQL with the three tables partitioned by time (outbox_partition convert, run
+# on the test database before the session): the tests of partitioning, and the
+# integration, property and contract tests again, over partitioned tables. Not the
+# tests of query plans (empty partitions are scanned, as they should be).
+test-partitioned: $(VENV)/.installed
+	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) DJANGO_OUTBOX_TEST_PARTITIONED=1 \
+		$(VENV)/bin/python -m pytest --create-db \
+		-m "not processes and not browser and not plans and not restarts_services" \
+		tests/integration tests/properties tests/conformance $(PYTEST_ARGS)
 
 # The two-service chaos run, reduced: it restarts PostgreSQL, Redis and RabbitMQ, so
 # it runs alone, in a pytest session of its own (a restart in the middle of the
@@ -112,7 +122,7 @@ test-sqlite: $(VENV)/.installed chromium
 # the database are marked one_database: they run once, on PostgreSQL).
 test-mariadb: $(VENV)/.installed chromium
 	DATABASE_URL=$(MARIADB_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV)/bin/python -m pytest --create-db -m "not broker_crash and not one_database and not restarts_services" $(PYTEST_ARGS)
+		$(VENV)/bin/python -m pytest --create-db -m "not broker_crash and not one_database and not restarts_services and not partitioned" $(PYTEST_ARGS)
 
 # Django 6.1 / Python 3.12 on PostgreSQL. The real-process crash tests (SIGKILL,
 # SIGSTOP, killed brokers and connections) test the database's and the broker's
@@ -120,7 +130,7 @@ test-mariadb: $(VENV)/.installed chromium
 # except those of the jobs, which run on Django's own django.tasks here.
 test-django6: $(VENV6)/.installed chromium
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV6)/bin/python -m pytest --create-db -m "(not processes or jobs) and not restarts_services" $(PYTEST_ARGS)
+		$(VENV6)/bin/python -m pytest --create-db -m "(not processes or jobs) and not restarts_services and not partitioned" $(PYTEST_ARGS)
 
 # The demo, smaller, on its own SQLite file and embedded broker.
 demo-ci: $(VENV)/.installed

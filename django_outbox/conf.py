@@ -62,6 +62,7 @@ ENGINE_DEFAULTS: Mapping[str, Any] = {
     "MAX_ATTEMPTS": 20,
     "RETENTION_DAYS": 7.0,
     "PURGE_BATCH_SIZE": 1000,
+    "PARTITIONS_AHEAD": 7,
     "DRAIN_SECONDS": 5.0,
     "HANDBACK_SECONDS": 1.0,
 }
@@ -134,6 +135,7 @@ MAXIMUMS: Mapping[str, float] = {
     "CIRCUIT_PROBE_MAX_SECONDS": 3_600,
     "BATCH_SIZE": 100_000,
     "PURGE_BATCH_SIZE": 1_000_000,
+    "PARTITIONS_AHEAD": 1_000,
     "MAX_ATTEMPTS": 1_000_000,
     "OLDEST_DUE_WARNING_SECONDS": 30 * 86_400,
     "OLDEST_DUE_CRITICAL_SECONDS": 30 * 86_400,
@@ -169,6 +171,7 @@ _INTEGER_KEYS = frozenset(
         "BATCH_SIZE",
         "MAX_ATTEMPTS",
         "PURGE_BATCH_SIZE",
+        "PARTITIONS_AHEAD",
         "MAX_PAYLOAD_BYTES",
         "MAX_BODY_BYTES",
         "DEAD_LETTERED_MINUTES",
@@ -189,6 +192,8 @@ class EngineSettings:
     max_attempts: int = 20
     retention_days: float = 7.0
     purge_batch_size: int = 1000
+    #: A partitioned table's partitions made ahead of time by the purge (intervals).
+    partitions_ahead: int = 7
     drain_seconds: float = 5.0
     #: A worker whose current step has run this long gives the rows of its batch it has
     #: not started back, so idle workers take them (no row waits behind a long one).

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -57,10 +58,33 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         "row_locks": "needs a database several processes can claim from (PostgreSQL or "
         "MariaDB): set DATABASE_URL",
     }
+    if not PARTITIONED:
+        missing["partitioned"] = True
+        reasons["partitioned"] = (
+            "needs the tables partitioned: DJANGO_OUTBOX_TEST_PARTITIONED=1 on PostgreSQL "
+            "(make test-partitioned)"
+        )
     for item in items:
         for marker, absent in missing.items():
             if absent and marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reasons[marker]))
+
+
+#: ``make test-partitioned``: the test database's three tables are partitioned
+#: (``outbox_partition convert``) before any test runs.
+PARTITIONED = os.environ.get("DJANGO_OUTBOX_TEST_PARTITIONED") == "1"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
+    if not PARTITIONED:
+        return
+    from django.core.management import call_command
+
+    engine = django_settings.DATABASES["default"]["ENGINE"]
+    assert "postgresql" in engine, "DJANGO_OUTBOX_TEST_PARTITIONED needs PostgreSQL"
+    with django_db_blocker.unblock():
+        call_command("outbox_partition", "convert", "--ahead", "3", stdout=io.StringIO())
 
 
 #: The Redis database ``make test`` gives Celery as its broker; emptied after the run.

@@ -23,6 +23,7 @@ from typing import Any
 from django.db import models
 
 from django_outbox.engine import clock
+from django_outbox.engine.partitions import Guard
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class FastInsert:
     #: ``run_many`` on PostgreSQL: one array parameter per varying field.
     bulk_sql: str | None = None
     bulk_params: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = ()
+    #: A guard's fields (``partitions.Guard``): their values come first, as they are.
+    guard_fields: tuple[str, ...] = ()
 
     def run(
         self, connection: Any, row: Mapping[str, Any], raw: Mapping[str, Any] | None = None
@@ -65,7 +68,8 @@ class FastInsert:
         """``run`` without the instance: the new row's primary key and clock stamp
         (``None`` if a conflict skipped it), for callers that build their own result."""
         raw = raw or {}
-        params = [
+        params = [row[name] for name in self.guard_fields]
+        params += [
             raw[name] if name in raw else prepare(row[name], connection)
             for name, prepare in self.params
         ]
@@ -95,6 +99,7 @@ class FastInsert:
             return []
         assert self.conflict_fields, "run_many matches what it inserted by the conflict key"
         if self.bulk_sql is not None:
+            assert not self.guard_fields or self.bulk_sql, "a guard is PostgreSQL's"
             sql = self.bulk_sql
             params: list[Any] = [
                 [
@@ -143,6 +148,7 @@ def fast_insert(
     clock_fields: Sequence[str],
     conflict_fields: Sequence[str] = (),
     returning_extra: str = "",
+    guard: Guard | None = None,
 ) -> FastInsert:
     """The cached INSERT of *model* on *connection*.
 
@@ -150,8 +156,13 @@ def fast_insert(
     every other column its default, as a literal. ``RETURNING`` gives the
     primary key and the first clock field (plus *returning_extra*, raw SQL
     such as a ``pg_notify(…)`` call, evaluated once per inserted row).
+
+    With a *guard* (PostgreSQL, a partitioned inbox), the guard's table gets the
+    row's guarded fields first, in the same statement, ``ON CONFLICT DO NOTHING``, and
+    the row is inserted only where that row was new: the guard's unique index stands
+    in for *conflict_fields*' (a partitioned table cannot have it).
     """
-    key = (connection.alias, model, tuple(varying), tuple(conflict_fields), returning_extra)
+    key = (connection.alias, model, tuple(varying), tuple(conflict_fields), returning_extra, guard)
     cached = _CACHE.get(key)
     if cached is not None:
         return cached
@@ -188,13 +199,23 @@ def fast_insert(
     stamped = _column(model, clock_fields[0])
     into = f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)})"
     conflict = ""
-    if conflict_fields:
+    if conflict_fields and guard is None:
         target = ", ".join(q(_column(model, name)) for name in conflict_fields)
         conflict = f" ON CONFLICT ({target}) DO NOTHING"
     returning = f" RETURNING {q(meta.pk.column)}, {q(stamped)}"
     extra = f", {returning_extra}" if returning_extra else ""
     by_key = "".join(f", {q(_column(model, name))}" for name in conflict_fields)
     many_values = f"({', '.join(values)})"
+    single = f"{into} VALUES {many_values}{conflict}{returning}{extra}"
+    if guard is not None:
+        assert connection.vendor == "postgresql", "a guard is PostgreSQL's"
+        seen = f"{q(guard.table)} ({', '.join(map(q, guard.fields))}, {q(guard.time_column)})"
+        holes = ", ".join(["%s"] * len(guard.fields))
+        single = (
+            f"WITH s AS (INSERT INTO {seen} VALUES ({holes}, {now_sql}) "
+            f"ON CONFLICT DO NOTHING RETURNING 1) "
+            f"{into} SELECT {', '.join(values)} FROM s{returning}{extra}"
+        )
     bulk_sql = None
     if connection.vendor == "postgresql":
         # Parameters become the columns of unnest(); JSON goes as text, cast per row.
@@ -217,9 +238,26 @@ def fast_insert(
             f"{into} SELECT {', '.join(selected)} FROM unnest({', '.join(arrays)}) "
             f"AS u({names}){conflict}{returning}{by_key}"
         )
+        if guard is not None:
+            # The first of each guarded value within the batch, if the guard had not it.
+            by_name = {name: f"u{n}" for n, (name, _) in enumerate(params)}
+            guarded = [by_name[name] for name in guard.fields]
+            matched = " AND ".join(
+                f"s.{q(name)} = u.{column}"
+                for name, column in zip(guard.fields, guarded, strict=True)
+            )
+            bulk_sql = (
+                f"WITH u AS (SELECT DISTINCT ON ({', '.join(guarded)}) * "
+                f"FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS u({names}, ord) "
+                f"ORDER BY {', '.join(guarded)}, ord), "
+                f"s AS (INSERT INTO {seen} SELECT {', '.join(guarded)}, {now_sql} FROM u "
+                f"ON CONFLICT DO NOTHING RETURNING {', '.join(map(q, guard.fields))}) "
+                f"{into} SELECT {', '.join(selected)} FROM u JOIN s ON {matched}"
+                f"{returning}{by_key}"
+            )
     cached = _CACHE[key] = FastInsert(
         model,
-        f"{into} VALUES {many_values}{conflict}{returning}{extra}",
+        single,
         tuple(params),
         tuple(sources),
         conflict_fields=tuple(conflict_fields),
@@ -228,6 +266,7 @@ def fast_insert(
         many_suffix=f"{conflict}{returning}{by_key}",
         bulk_sql=bulk_sql,
         bulk_params=tuple((name, _bulk_preparer(meta.get_field(name))) for name, _ in params),
+        guard_fields=guard.fields if guard is not None else (),
     )
     return cached
 

@@ -15,10 +15,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
-from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.db.models import DurationField, ExpressionWrapper, F, Field, Q
 
 from django_outbox.conf import get_settings
-from django_outbox.engine import clock, faults, telemetry, transitions
+from django_outbox.engine import clock, faults, partitions, telemetry, transitions
 from django_outbox.engine.lease import declared_started
 from django_outbox.engine.models import SweepMark
 from django_outbox.engine.outcomes import Uncertain
@@ -177,10 +177,19 @@ def purge_finished(
     max_batches: int | None = None,
     at: datetime | None = None,
 ) -> int:
-    """Delete finished rows of *part* older than *older_than* (``RETENTION_DAYS``)."""
+    """Delete finished rows of *part* older than *older_than* (``RETENTION_DAYS``).
+
+    A partitioned table (``engine.partitions``) first gets the partitions of the coming
+    ``PARTITIONS_AHEAD`` intervals, and loses those whose every row finished before the
+    cut-off, dropped whole; the rows left past it are deleted as usual."""
     config = part.config
     age = older_than if older_than is not None else timedelta(days=config.retention_days)
     before = clock.later(clock.now(at), -age.total_seconds())
+    dropped = 0
+    if partitions.is_partitioned(part.model, part.using):
+        partitions.create_ahead(part.model, part.using, config.partitions_ahead)
+        cutoff = (at or clock.read_now(part.using)) - age
+        dropped = len(partitions.drop_expired(part.model, part.using, _expiry(part), cutoff))
     rows = part.model._default_manager.using(part.using).filter(
         state__in=part.lifecycle.finished, finished_at__lt=before
     )
@@ -193,7 +202,24 @@ def purge_finished(
     )
     if deleted:
         part.logger.info("purged %d finished %s row(s)", deleted, part.name)
+    if dropped:
+        part.logger.info("dropped %d partition(s) of finished %s rows", dropped, part.name)
     return deleted
+
+
+def _expiry(part: Part) -> partitions.Expiry:
+    life = part.lifecycle
+    field = part.model._meta.get_field("state")
+    assert isinstance(field, Field)
+    assert field.choices is not None
+    states = [str(choice) for choice, _ in field.choices]
+    return partitions.Expiry(
+        finished=tuple(life.finished),
+        unfinished=tuple(state for state in states if state not in life.finished),
+        blocking=part.ordering is not None,
+        state_column="state",
+        finished_column=partitions.column_of(part.model, "finished_at"),
+    )
 
 
 def mark_swept(part: Part) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 from django.db import IntegrityError, connections, router, transaction
 
 from django_outbox import metrics, tracing
-from django_outbox.engine import clock, triggers
+from django_outbox.engine import clock, partitions, triggers
 from django_outbox.engine.insert import fast_insert
 from django_outbox.exceptions import InvalidMessage
-from django_outbox.inbox.models import InboxMessage
+from django_outbox.inbox.models import InboxMessage, InboxSeen
 from django_outbox.validation import check_headers, check_text, encode_json
 
 MAX_TYPE_LENGTH = 255
@@ -65,6 +65,8 @@ def receive(
         # One statement: INSERT … ON CONFLICT DO NOTHING RETURNING. A duplicate
         # inserts nothing, takes no savepoint and leaves the transaction alone.
         message = _statement(connection).run(connection, row, raw={"payload": text})
+        if message is None and _forgotten(using, source, row["message_id"]):
+            message = _statement(connection).run(connection, row, raw={"payload": text})
     else:
         message = _insert_with_savepoint(using, row)
     if message is None:
@@ -162,7 +164,14 @@ def _statement(connection: Any) -> Any:
         varying=_VARYING,
         clock_fields=("created_at", "available_at"),
         conflict_fields=("source", "message_id"),
+        guard=_SEEN if partitions.is_partitioned(InboxMessage, connection.alias) else None,
     )
+
+
+#: A partitioned inbox's deduplication (``engine.partitions``).
+_SEEN = partitions.Guard(
+    table=InboxSeen._meta.db_table, fields=("source", "message_id"), time_column="received_at"
+)
 
 
 #: The fields a receive() sets; every other column is written with its default.
@@ -176,6 +185,32 @@ _VARYING = (
     "sequence",
     "correlation_id",
 )
+
+
+def _forgotten(using: str, source: str, message_id: str) -> bool:
+    """A partitioned inbox remembers an id (``InboxSeen``) until the purge of the seen
+    table, which may come after its message's partition was dropped. Such an id is
+    forgotten here, as an unpartitioned inbox forgets it with the purged row: whether
+    it was (and the insert may be tried again)."""
+    if not partitions.is_partitioned(InboxMessage, using):
+        return False
+    if InboxMessage.objects.using(using).filter(source=source, message_id=message_id).exists():
+        return False
+    return partitions.forget_seen(InboxSeen, using, source, message_id)
+
+
+def claim_id(using: str, source: str, message_id: str) -> bool:
+    """Before a plain INSERT of a message (not ``receive()``'s): on a partitioned
+    inbox, claim (*source*, *message_id*) in its seen table, ``False`` if a message
+    has it already; elsewhere ``True`` (the unique index decides at the INSERT)."""
+    if not partitions.is_partitioned(InboxMessage, using):
+        return True
+    for _ in range(2):
+        if partitions.claim_seen(InboxSeen, using, source, message_id):
+            return True
+        if not _forgotten(using, source, message_id):
+            return False
+    return False
 
 
 def _stored(using: str, source: str, message_id: str) -> InboxMessage:

@@ -30,11 +30,12 @@ from typing import Any
 from django.db import DataError, IntegrityError, router, transaction
 
 from django_outbox.conf import Source
-from django_outbox.engine import clock
+from django_outbox.engine import clock, partitions
 from django_outbox.exceptions import InvalidMessage
 from django_outbox.inbox.api import (
     MAX_KEY_LENGTH,
     MAX_SOURCE_LENGTH,
+    claim_id,
     prepare,
     receive,
     receive_many,
@@ -252,10 +253,11 @@ def store_unreadable(
         raw += f"\n[… {len(arrival.body) - len(kept)} more bytes not kept]"
     message_type = headers.get(source.header("type", HEADER_TYPE)) or "unreadable"
     using = using or router.db_for_write(InboxMessage)
-    message, created = InboxMessage.objects.using(using).get_or_create(
-        source=source.name,
-        message_id=message_id,
-        defaults={
+    message, created = _get_or_create(
+        using,
+        source.name,
+        message_id,
+        {
             "type": escape_control(message_type)[:255],
             "payload": None,
             "headers": {
@@ -278,6 +280,19 @@ def store_unreadable(
         )
         message.refresh_from_db()
     return message, created
+
+
+def _get_or_create(
+    using: str, source: str, message_id: str, defaults: dict[str, Any]
+) -> tuple[InboxMessage, bool]:
+    """``get_or_create`` by (source, message id); a partitioned inbox, which has no
+    unique index of them, claims the id in its seen table first."""
+    messages = InboxMessage.objects.using(using)
+    if not partitions.is_partitioned(InboxMessage, using):
+        return messages.get_or_create(source=source, message_id=message_id, defaults=defaults)
+    if claim_id(using, source, message_id):
+        return messages.create(source=source, message_id=message_id, **defaults), True
+    return messages.get(source=source, message_id=message_id), False
 
 
 @dataclass

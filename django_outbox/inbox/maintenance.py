@@ -8,8 +8,9 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from django_outbox.engine import heartbeat, sweeps
+from django_outbox.engine import heartbeat, partitions, sweeps
 from django_outbox.inbox.handling import Handling, Inbox
+from django_outbox.inbox.models import InboxMessage, InboxSeen
 
 
 def sweep(*, using: str = DEFAULT_DB_ALIAS, time_budget: float | None = None) -> dict[str, Any]:
@@ -31,6 +32,12 @@ def purge(
     """Delete handled and skipped messages past ``RETENTION_DAYS`` (or *older_than*):
     after that a redelivered duplicate is no longer recognised (the deduplication
     window). Cursors of ordered keys are kept (see docs/operations.md)."""
-    return sweeps.purge_finished(
-        Handling(using=using), older_than=older_than, batch_size=batch_size
-    )
+    part = Handling(using=using)
+    deleted = sweeps.purge_finished(part, older_than=older_than, batch_size=batch_size)
+    if partitions.is_partitioned(InboxMessage, using):
+        forgotten = partitions.purge_seen(
+            InboxMessage, InboxSeen, using, batch_size or part.config.purge_batch_size
+        )
+        if forgotten:
+            part.logger.info("forgot %d message id(s) older than every message kept", forgotten)
+    return deleted

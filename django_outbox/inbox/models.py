@@ -219,6 +219,26 @@ class InboxMessage(EngineRow):
         return moved
 
 
+class InboxSeen(models.Model):
+    """The message ids a partitioned inbox has stored (``outbox_partition``): its
+    deduplication, which a partitioned table cannot index. Unused otherwise."""
+
+    pk = models.CompositePrimaryKey("source", "message_id")
+    source = models.CharField(max_length=100)
+    message_id = models.CharField(max_length=255)
+    #: The message's ``received_at``: the purge forgets ids older than every message kept.
+    received_at = models.DateTimeField()
+
+    class Meta:
+        app_label = "django_outbox"
+        db_table = "django_outbox_inbox_seen"
+        verbose_name = "inbox message id seen"
+        indexes = (models.Index(fields=("received_at",), name="inbox_seen_received_idx"),)
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.message_id}"
+
+
 class InboxCursor(models.Model):
     """The last sequence handled per (source, key); locked while a message of the key is
     handled, so messages of one key are handled one at a time, in order."""

@@ -35,6 +35,7 @@ from celery.exceptions import Reject
 from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
 
 from django_outbox.engine import clock
+from django_outbox.inbox.api import claim_id
 from django_outbox.inbox.models import InboxMessage, InboxState
 
 logger = logging.getLogger("django_outbox.inbox")
@@ -103,6 +104,8 @@ class IdempotentTask(Task):  # type: ignore[type-arg]
 def record_once(name: str, task_id: str, args: Any, kwargs: Any, *, using: str) -> bool:
     """Store the record of task *task_id*; ``False`` if it is stored already."""
     payload = json.loads(json.dumps({"args": args, "kwargs": kwargs}, default=repr))
+    if not claim_id(using, TASK_SOURCE, str(task_id)[:255]):
+        return False
     try:
         with transaction.atomic(using=using):
             InboxMessage.objects.using(using).create(

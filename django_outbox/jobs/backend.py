@@ -28,7 +28,7 @@ from django.utils.module_loading import import_string
 
 from django_outbox import metrics, tracing
 from django_outbox.conf import get_settings
-from django_outbox.engine import clock, triggers
+from django_outbox.engine import clock, partitions, triggers
 from django_outbox.engine.insert import fast_insert
 from django_outbox.exceptions import OutboxError
 from django_outbox.jobs import compat
@@ -307,6 +307,15 @@ def _insert_unique(db: str, row: dict[str, Any]) -> tuple[Job | None, tuple[Any,
     from django_outbox.jobs.models import ACTIVE_STATES, Job
 
     active = Job.objects.using(db).filter(unique_key=row["unique_key"], state__in=ACTIVE_STATES)
+    if partitions.is_partitioned(Job, db):
+        # No unique index of active keys on a partitioned table: a lock on the key,
+        # held to the end of the caller's transaction, then a read and the insert.
+        with transaction.atomic(using=db):
+            partitions.lock_unique_key(db, row["unique_key"])
+            existing = active.first()
+            if existing is not None:
+                return existing, (None, None)
+            return None, _insert(db, row)
     if connections[db].vendor == "mysql":
         # No partial unique index there: a locking read of the key, then the insert.
         # Concurrent first enqueues of one key may both insert (documented).

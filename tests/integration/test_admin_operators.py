@@ -303,6 +303,7 @@ def test_a_running_job_and_an_inbox_message_being_handled_show_their_worker(admi
 
 
 @pytest.mark.postgres
+@pytest.mark.plans
 def test_the_stuck_filter_reads_the_partial_index_over_running_rows(admin_client):
     """The list filtered to stuck rows reads the few rows being sent, not the history."""
     OutboxMessage.objects.bulk_create(

@@ -16,7 +16,7 @@ from django_outbox.jobs.models import Job, JobState
 from django_outbox.models import InboxMessage, InboxState, OutboxMessage, OutboxState
 from django_outbox.wire import HEADER_REPLY_TO
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = [pytest.mark.django_db, pytest.mark.postgres, pytest.mark.plans]
 
 ROWS = 20_000
 NOW = timezone.now()

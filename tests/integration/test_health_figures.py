@@ -219,6 +219,7 @@ def test_an_unknown_part_is_refused():
 
 
 @pytest.mark.postgres
+@pytest.mark.plans
 def test_on_postgresql_no_figure_reads_a_whole_table(now, monkeypatch):
     """Given 20,000 finished rows in each table and a few in every other state, each
     statement that reads the figures goes through an index (the finished states of a

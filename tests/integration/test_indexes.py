@@ -10,7 +10,7 @@ from django.utils import timezone
 from django_outbox.models import OutboxMessage, OutboxState
 from django_outbox.outbox.relay import Relay
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = [pytest.mark.django_db, pytest.mark.postgres, pytest.mark.plans]
 
 
 @pytest.fixture

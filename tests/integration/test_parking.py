@@ -90,6 +90,7 @@ def test_other_keys_and_unkeyed_messages_are_not_parked():
 
 
 @pytest.mark.postgres
+@pytest.mark.plans
 def test_a_parked_key_costs_the_claim_of_other_keys_nothing():
     head = django_outbox.send("a", {"fail": "permanent"}, key="k")
     Relay().drain()
