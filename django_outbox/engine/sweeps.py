@@ -186,13 +186,19 @@ def purge_finished(
     age = older_than if older_than is not None else timedelta(days=config.retention_days)
     before = clock.later(clock.now(at), -age.total_seconds())
     dropped = 0
-    if partitions.is_partitioned(part.model, part.using):
-        partitions.create_ahead(part.model, part.using, config.partitions_ahead)
-        cutoff = (at or clock.read_now(part.using)) - age
-        dropped = len(partitions.drop_expired(part.model, part.using, _expiry(part), cutoff))
     rows = part.model._default_manager.using(part.using).filter(
         state__in=part.lifecycle.finished, finished_at__lt=before
     )
+    shape = partitions.layout(part.model, part.using)
+    if shape is not None:
+        partitions.create_ahead(part.model, part.using, config.partitions_ahead)
+        cutoff = (at or clock.read_now(part.using)) - age
+        dropped = len(partitions.drop_expired(part.model, part.using, _expiry(part), cutoff))
+        # A row of an interval not wholly past the cut-off goes with its partition, later
+        # (kept up to one interval longer than RETENTION_DAYS); the rows deleted one by
+        # one are those of past partitions kept for a row still waiting, and of the
+        # default partition.
+        rows = rows.filter(created_at__lt=partitions.floor(cutoff, shape.interval))
     if part.ordering is not None:
         # A failed row that holds its key back waits for an operator, however old: its
         # parked followers would otherwise wait for ever.

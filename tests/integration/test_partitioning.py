@@ -167,6 +167,12 @@ def test_the_purge_drops_a_partition_once_every_row_in_it_finished_before_the_cu
     )
     waiting, _ = django_outbox.receive("t", {}, source="s", message_id="waiting")
     move(InboxMessage, waiting.pk, kept_back.lower + timedelta(hours=1))
+    # Beside it, a handled one: its partition stays, so it is deleted as a row.
+    beside, _ = django_outbox.receive("t", {}, source="s", message_id="beside")
+    move(InboxMessage, beside.pk, kept_back.lower + timedelta(hours=2))
+    InboxMessage.objects.filter(pk=beside.pk).update(
+        state=InboxState.HANDLED, finished_at=kept_back.lower + timedelta(hours=3)
+    )
     # The first partition (the table before the conversion) keeps a waiting row too.
     django_outbox.receive("t", {}, source="s", message_id="now")
 
@@ -212,3 +218,24 @@ def test_the_purge_makes_the_coming_partitions():
     # Jobs run on the partitioned table as always.
     result = jobs.add.enqueue(2, 3)
     assert Job.objects.get(result_id=uuid.UUID(result.id)).state == "READY"
+
+
+def test_a_row_of_an_interval_not_wholly_past_the_cutoff_waits_for_its_partition():
+    day = bounded()[0]
+    django_outbox.receive("t", {}, source="s", message_id="now")  # keeps the first partition
+    message, _ = django_outbox.receive("t", {}, source="s", message_id="young")
+    move(InboxMessage, message.pk, day.lower + timedelta(hours=1))
+    InboxMessage.objects.filter(pk=message.pk).update(
+        state=InboxState.HANDLED, finished_at=day.lower + timedelta(hours=1)
+    )
+    # The cut-off falls inside the row's day: finished before it, but its day is not
+    # wholly past, so neither the partition nor the row goes yet.
+    at = day.lower + timedelta(hours=2, days=1)
+    sweeps.purge_finished(Handling(), older_than=timedelta(days=1), at=at)
+    assert InboxMessage.objects.filter(pk=message.pk).exists()
+    # Once the day is wholly past, the partition goes, and the row with it.
+    sweeps.purge_finished(
+        Handling(), older_than=timedelta(days=1), at=day.upper + timedelta(days=1)
+    )
+    assert not InboxMessage.objects.filter(pk=message.pk).exists()
+    assert day.name not in {p.name for p in partitions.partitions(InboxMessage, "default")}

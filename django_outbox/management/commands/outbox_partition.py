@@ -111,6 +111,4 @@ class Command(BaseCommand):
 
 
 def _ahead(name: str) -> int:
-    config = get_settings()
-    section = {"outbox": config.outbox, "inbox": config.inbox, "jobs": config.jobs}[name]
-    return int(section.engine.partitions_ahead)
+    return get_settings().engine(name).partitions_ahead
