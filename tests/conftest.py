@@ -84,7 +84,7 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
     engine = django_settings.DATABASES["default"]["ENGINE"]
     assert "postgresql" in engine, "DJANGO_OUTBOX_TEST_PARTITIONED needs PostgreSQL"
     with django_db_blocker.unblock():
-        call_command("outbox_partition", "convert", "--ahead", "3", stdout=io.StringIO())
+        call_command("outbox_partition", "convert", "--ahead", "5", stdout=io.StringIO())
 
 
 #: The Redis database ``make test`` gives Celery as its broker; emptied after the run.

@@ -403,6 +403,7 @@ def convert(
     *,
     ahead: int,
     seen_model: type[models.Model] | None = None,
+    cutover: datetime | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> Conversion:
     """Turn *model*'s table into a table partitioned by *interval* of its creation time.
@@ -416,7 +417,11 @@ def convert(
     the partitioned table is created under the old name with the same columns,
     defaults, checks, identity and indexes, the old table is attached as its first
     partition (``MINVALUE`` to the cut-over), and the default partition and the
-    partitions up to *ahead* intervals after the cut-over are created.
+    partitions up to *ahead* intervals after the current one are created.
+
+    *cutover* (an interval's start) replaces the default cut-over: an earlier one, for a
+    table whose rows are all older (a new one, empty), leaves less to the first
+    partition; the constraint's check refuses one that some row is not older than.
     """
     connection = connections[using]
     if connection.vendor != "postgresql":
@@ -437,7 +442,11 @@ def convert(
         cursor.execute("SELECT to_regclass(%s)", [q(legacy)])
         if cursor.fetchone()[0] is not None:
             raise PartitioningError(f"{legacy} exists: an earlier conversion was not finished")
-        cutover = step(floor(_database_now(using), interval), interval, 2)
+        now = floor(_database_now(using), interval)
+        if cutover is None:
+            cutover = step(now, interval, 2)
+        elif floor(cutover, interval) != cutover:
+            raise PartitioningError(f"the cut-over must start an interval: {cutover}")
         # 1. Without blocking writers.
         say(f"{table}: building the indexes the partitioned table needs (concurrently)")
         key_index = _short(f"{table}_{pk}_{column}_key")
@@ -521,8 +530,10 @@ def convert(
         default = _short(f"{table}_default")
         cursor.execute(f"CREATE TABLE {q(default)} PARTITION OF {q(table)} DEFAULT")
         _copy_foreign_keys(cursor, q, table, default)
-        for n in range(ahead + 1):
-            lower, upper = step(cutover, interval, n), step(cutover, interval, n + 1)
+        last = max(step(now, interval, ahead + 1), step(cutover, interval, 1))
+        lower = cutover
+        while lower < last:
+            upper = step(lower, interval)
             name = partition_name(table, lower, interval)
             cursor.execute(
                 f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%s) TO (%s)",
@@ -530,6 +541,7 @@ def convert(
             )
             _copy_foreign_keys(cursor, q, table, name)
             created.append(name)
+            lower = upper
     forget()
     return Conversion(table, interval, cutover, created, rows, seen)
 

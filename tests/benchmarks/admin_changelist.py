@@ -50,6 +50,8 @@ import time
 from datetime import date
 from urllib.parse import urlencode
 
+from tests.benchmarks import common
+
 BENCH_DB = os.environ.get(
     "ADMIN_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_outbox_admin_bench"
 )
@@ -211,25 +213,6 @@ UPDATE django_outbox_inbox SET state = 'should_be_handled', handled_at = NULL,
 WHERE id IN (SELECT id FROM django_outbox_inbox WHERE state = 'handled'
              ORDER BY id DESC LIMIT %(bulk)s)""",
 }
-
-
-def recreate_database() -> None:
-    import psycopg
-
-    name = BENCH_DB.rsplit("/", 1)[1]
-    with psycopg.connect(BENCH_DB.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def drop_database() -> None:
-    import psycopg
-    from django.db import connections
-
-    connections.close_all()
-    name = BENCH_DB.rsplit("/", 1)[1]
-    with psycopg.connect(BENCH_DB.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 TABLES = ("django_outbox_message", "django_outbox_inbox", "django_outbox_job")
@@ -423,7 +406,7 @@ def main() -> int:
         parser.error(f"ADMIN_BENCH_DATABASE_URL must be PostgreSQL, not {BENCH_DB}")
     bulk_rows = min(args.bulk_rows, args.rows // 4)
 
-    recreate_database()
+    common.recreate_database(BENCH_DB)
     try:
         import django
 
@@ -473,7 +456,7 @@ def main() -> int:
         ]
     finally:
         if not args.keep:
-            drop_database()
+            common.drop_database(BENCH_DB)
 
     print(
         f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()}, "

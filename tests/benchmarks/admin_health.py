@@ -33,6 +33,8 @@ import time
 import uuid
 from datetime import date
 
+from tests.benchmarks import common
+
 BENCH_DB = os.environ.get(
     "HEALTH_BENCH_DATABASE_URL",
     "postgres://postgres@127.0.0.1:5432/django_outbox_health_bench",
@@ -177,25 +179,6 @@ FROM unnest(ARRAY['outbox', 'inbox', 'jobs']) AS part,
 """
 
 
-def recreate_database() -> None:
-    import psycopg
-
-    name = BENCH_DB.rsplit("/", 1)[1]
-    with psycopg.connect(BENCH_DB.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def drop_database() -> None:
-    import psycopg
-    from django.db import connections
-
-    connections.close_all()
-    name = BENCH_DB.rsplit("/", 1)[1]
-    with psycopg.connect(BENCH_DB.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def fill(rows: int) -> float:
     """Fill the three tables, the workers, the batches and the per-minute counts, then
     VACUUM ANALYZE; return the seconds it took."""
@@ -264,7 +247,7 @@ def main() -> int:
     if not BENCH_DB.startswith(("postgres://", "postgresql://")):
         parser.error(f"HEALTH_BENCH_DATABASE_URL must be PostgreSQL, not {BENCH_DB}")
 
-    recreate_database()
+    common.recreate_database(BENCH_DB)
     try:
         import django
 
@@ -289,7 +272,7 @@ def main() -> int:
             results.append((label, url, samples, queries, slowest))
     finally:
         if not args.keep:
-            drop_database()
+            common.drop_database(BENCH_DB)
 
     print(
         f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()}, "
