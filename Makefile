@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -149,11 +149,19 @@ bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.admin_health --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
+	$(VENV)/bin/python -m tests.benchmarks.partitions --rows 20000 --days 3 --items 300 --repeat 1 --informational
 
 # The admin's list and message pages over 5 million rows on PostgreSQL, in a database
 # of their own (created, then dropped). Several minutes, most of them filling the table.
 bench-inbox: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.inbox --messages 20000 --processes 2 --repeat 3
+
+# The three parts over many finished rows, plain and partitioned by day: throughput,
+# the admin's lists, and the purge of one day (issue 16 §6). Hours at 50 million rows
+# (most of it filling the tables); PARTITION_BENCH_ROWS sets the size.
+PARTITION_BENCH_ROWS ?= 50000000
+bench-partitions: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.partitions --rows $(PARTITION_BENCH_ROWS) --days 7 --items 5000 --repeat 3
 
 # Jobs: jobs_worker (1 and 2 processes) against a Celery solo worker and django-tasks-db's
 # db_worker, enqueue against a bare INSERT and delay_on_commit, enqueue -> start latency.

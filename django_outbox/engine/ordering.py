@@ -174,6 +174,18 @@ def unblock(part: Any, heads: Sequence[Any]) -> int:
             counter_keys |= Q(**ordering.counter_key(slot))
         counters.filter(counter_keys, blocked=True).update(blocked=False)
         released += manager.filter(keys, blocked=True).update(blocked=False)
+        # Another failed row of a key may still hold it back (a later failed row
+        # cancelled while an earlier one waits): the key parks again behind it.
+        holding = Q(blocking=True)
+        if not ordering.flag_blocks:
+            holding &= Q(state__in=ordering.blocking_states)
+        still = list(  # the first holder of each key last: block() parks behind it
+            manager.filter(keys, holding)
+            .only(*ordering.key_fields, ordering.sequence_field)
+            .order_by(f"-{ordering.sequence_field}")
+        )
+        if still:
+            released -= block(part, still)
     return released
 
 

@@ -309,10 +309,13 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
         else:
             written += with_ids(held, ids).update(**values)
     written += update_each(held, each)
-    if parking:
-        ordering.block(part, parking)
+    # Freed first: a batch that finishes one failed head of a key and fails a later
+    # one parks the key again behind the later one (the other way round, the freeing
+    # would release what the parking had just parked).
     if freeing:
         ordering.unblock(part, freeing)
+    if parking:
+        ordering.block(part, parking)
     applied.fenced = len(changes) - written
     applied.written = list(changes)
     return applied

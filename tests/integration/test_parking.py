@@ -68,6 +68,27 @@ def test_cancelling_a_dead_lettered_head_releases_its_key():
     assert Relay().drain().sent == 1
 
 
+def test_cancelling_a_later_failed_message_leaves_the_key_parked_behind_the_first():
+    """Two failed messages of one key (the second failed on its own before it parked):
+    cancelling the second must not release the third, which still waits for the first.
+    (Found by the outbox's state machine: the third was released and could go first.)"""
+    first = django_outbox.send("a", {"fail": "permanent"}, key="k")
+    second = django_outbox.send("b", {}, key="k")
+    django_outbox.send("c", {}, key="k")
+    Relay().drain()
+    assert parked() == [2, 3] and key_parked()
+    OutboxMessage.objects.filter(pk=second.pk).update(
+        state=OutboxState.SEND_ERROR, blocking=True, blocked=False
+    )
+    assert OutboxMessage.objects.filter(pk=second.pk).cancel() == 1
+    assert parked() == [3] and key_parked()
+    assert Relay().drain().sent == 0  # the third waits for the first
+    OutboxMessage.objects.filter(pk=first.pk).update(payload={})
+    OutboxMessage.objects.filter(pk=first.pk).requeue()
+    assert Relay().drain().sent == 2
+    assert parked() == [] and not key_parked()
+
+
 def test_a_requeued_head_keeps_the_key_parked_until_it_is_sent():
     head = django_outbox.send("a", {"fail": "permanent"}, key="k")
     django_outbox.send("b", {}, key="k")

@@ -513,7 +513,8 @@ class OutboxMachine(RuleBasedStateMachine):
         nothing will free it), never behind a head another relay sent or one a writer
         fenced out said failed; a key with parked messages is marked parked, and a key
         marked parked has a failed message holding it back (else new messages would
-        park for ever)."""
+        park for ever); and every waiting message after a failed one of its key is
+        parked (else it would be sent ahead of it), unless it holds its key itself."""
         stored = list(OutboxMessage.objects.exclude(key=None).order_by("sequence"))
         heads: dict[tuple[str, str], OutboxMessage] = {}
         holding: set[tuple[str, str]] = set()
@@ -521,6 +522,10 @@ class OutboxMachine(RuleBasedStateMachine):
         for m in stored:
             assert m.key is not None
             slot = (m.destination, m.key)
+            if slot in holding and m.state in (READY, SENDING) and not m.blocking:
+                # (One that holds its key itself, an uncertain one a rescue retries, waits
+                # its turn in the claim's key order instead.)
+                assert m.blocked, f"{slot} seq {m.sequence} ({m.state}) runs ahead of a failed one"
             if m.blocked:
                 assert slot in holding, (
                     f"{slot} seq {m.sequence} ({m.state}) parked behind no failed message"
