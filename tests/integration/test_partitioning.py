@@ -105,23 +105,29 @@ def test_a_batch_stores_each_new_id_once_and_counts_the_rest_as_duplicates():
     assert InboxMessage.objects.count() == 4
 
 
-def test_concurrent_receives_of_one_id_store_it_once():
-    barrier = threading.Barrier(6)
-    created = []
+def at_once(count, call):
+    """*call*'s results in *count* threads started together, each on its own connection."""
+    barrier = threading.Barrier(count)
+    results = []
 
-    def receive() -> None:
+    def run() -> None:
         try:
             barrier.wait()
-            created.append(django_outbox.receive("t", {}, source="s", message_id="race")[1])
+            results.append(call())
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=receive) for _ in range(6)]
+    threads = [threading.Thread(target=run) for _ in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(created) == [False] * 5 + [True]
+    return results
+
+
+def test_concurrent_receives_of_one_id_store_it_once():
+    created = at_once(6, lambda: django_outbox.receive("t", {}, source="s", message_id="race")[1])
+    assert len(created) == 6 and sorted(created) == [False] * 5 + [True]
     assert InboxMessage.objects.filter(message_id="race").count() == 1
 
 
@@ -136,22 +142,8 @@ def test_an_id_whose_message_was_dropped_with_its_partition_is_stored_again():
 
 
 def test_concurrent_enqueues_of_one_unique_key_make_one_job():
-    barrier = threading.Barrier(6)
-    ids = []
-
-    def enqueue() -> None:
-        try:
-            barrier.wait()
-            ids.append(jobs.sync_customer.enqueue(customer="c-race").id)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=enqueue) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(set(ids)) == 1
+    ids = at_once(6, lambda: jobs.sync_customer.enqueue(customer="c-race").id)
+    assert len(ids) == 6 and len(set(ids)) == 1
     assert Job.objects.filter(unique_key="sync-c-race").count() == 1
 
 
