@@ -242,22 +242,6 @@ def _create_partition(
             f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%s) TO (%s)",
             [lower, upper],
         )
-        _copy_foreign_keys(cursor, q, table, name)
-
-
-def _copy_foreign_keys(cursor: Any, q: Callable[[str], str], table: str, name: str) -> None:
-    """Give partition *name* the foreign keys of *table*'s first partition (PostgreSQL
-    cannot add one to the parent without checking every existing row first)."""
-    cursor.execute(
-        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-        "WHERE contype = 'f' AND conrelid = to_regclass(%s)",
-        [q(_legacy(table))],
-    )
-    for constraint, definition in cursor.fetchall():
-        cursor.execute(
-            f"ALTER TABLE {q(name)} ADD CONSTRAINT {q(_short(name + '_' + constraint))} "
-            f"{definition}"
-        )
 
 
 def _legacy(table: str) -> str:
@@ -529,7 +513,6 @@ def convert(
         )
         default = _short(f"{table}_default")
         cursor.execute(f"CREATE TABLE {q(default)} PARTITION OF {q(table)} DEFAULT")
-        _copy_foreign_keys(cursor, q, table, default)
         last = max(step(now, interval, ahead + 1), step(cutover, interval, 1))
         lower = cutover
         while lower < last:
@@ -539,7 +522,6 @@ def convert(
                 f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%s) TO (%s)",
                 [lower, upper],
             )
-            _copy_foreign_keys(cursor, q, table, name)
             created.append(name)
             lower = upper
     forget()
