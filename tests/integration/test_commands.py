@@ -51,6 +51,7 @@ def test_outbox_sweep_rescues_and_delivers():
     assert (counts["resent"], counts["sent"]) == (1, 1)
 
 
+@pytest.mark.plain_retention
 def test_purge_deletes_only_finished_rows_past_retention_in_batches():
     old = timezone.now() - timedelta(days=30)
     for state in (OutboxState.SENT, OutboxState.CANCELLED):
@@ -163,6 +164,7 @@ def test_inbox_sweep_gives_back_a_dead_worker_s_claims_and_handles_what_is_due(
     assert (message.state, message.attempts) == (InboxState.HANDLED, 2)
 
 
+@pytest.mark.plain_retention
 def test_inbox_purge_deletes_finished_messages_past_retention(configure_outbox):
     configure_outbox(INBOX={"SOURCES": {"shop": {"TRANSPORT": "local"}}})
     old = timezone.now() - timedelta(days=30)
@@ -175,6 +177,7 @@ def test_inbox_purge_deletes_finished_messages_past_retention(configure_outbox):
 
 
 @pytest.mark.jobs
+@pytest.mark.plain_retention
 def test_jobs_sweep_wakes_queues_and_jobs_purge_deletes_finished_jobs_and_idle_keys():
     from django_outbox.jobs.models import Job, JobKey, JobState
     from django_outbox.jobs.running import Jobs

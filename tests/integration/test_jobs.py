@@ -451,6 +451,7 @@ def test_async_tasks_and_aget_result():
     assert asyncio.iscoroutinefunction(jobs.async_add.func)
 
 
+@pytest.mark.plain_retention
 def test_the_purge_deletes_finished_jobs_and_batches_past_retention():
     from django_outbox.jobs import batch
     from django_outbox.jobs.maintenance import purge
