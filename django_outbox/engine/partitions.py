@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -671,8 +671,3 @@ def purge_seen(
             deleted += count
             if count < batch_size:
                 return deleted
-
-
-def describe(model: type[models.Model], using: str) -> Sequence[Partition]:
-    """The partitions, for ``outbox_partition status``."""
-    return partitions(model, using) if is_partitioned(model, using) else ()
