@@ -52,6 +52,8 @@ POINTS: tuple[str, ...] = (
     "jobs.in_batch_finisher",
     # sweep: stuck jobs' rescue is written, its transaction not committed
     "jobs.in_rescue",
+    # outbox_partition convert: step 1 done (indexes, the checked constraint), no swap
+    "partitions.before_swap",
 )
 
 

@@ -37,6 +37,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections, models, transaction
 
+from django_outbox.engine import faults
+
 logger = logging.getLogger("django_outbox.partitions")
 
 INTERVALS = ("day", "week", "month")
@@ -434,6 +436,11 @@ def convert(
         # 1. Without blocking writers.
         say(f"{table}: building the indexes the partitioned table needs (concurrently)")
         key_index = _short(f"{table}_{pk}_{column}_key")
+        # An index build that failed part way (a conversion stopped by an error or a
+        # cancel) leaves an invalid index that IF NOT EXISTS would take as built.
+        for name in _invalid_indexes(cursor, table):
+            if name == key_index or name.endswith("_plain"):
+                cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {q(name)}")
         cursor.execute(
             f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {q(key_index)} "
             f"ON {q(table)} ({q(pk)}, {q(column)})"
@@ -444,6 +451,9 @@ def convert(
             twin = _short(f"{name}_plain")
             cursor.execute(_rewrite(definition, name, twin, table, unique=False, concurrently=True))
         bound = _short(f"{table}_before_cutover")
+        # A conversion stopped after this step left its constraint, maybe with another
+        # cut-over: this run's takes its place.
+        cursor.execute(f"ALTER TABLE {q(table)} DROP CONSTRAINT IF EXISTS {q(bound)}")
         cursor.execute(
             f"ALTER TABLE {q(table)} ADD CONSTRAINT {q(bound)} "
             f"CHECK ({q(column)} IS NOT NULL AND {q(column)} < %s) NOT VALID",
@@ -456,6 +466,7 @@ def convert(
         if seen_model is not None:
             say(f"{table}: remembering every stored message id in {seen_model._meta.db_table}")
             seen, watermark = _fill_seen(cursor, q, model, seen_model, after=0)
+    faults.point("partitions.before_swap")
     # 2. The swap, in one short transaction.
     created = []
     with transaction.atomic(using=using), connection.cursor() as cursor:
@@ -552,6 +563,15 @@ def _quote(name: str) -> str:
 
 
 _INDEX_HEAD = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (?:ONLY )?(\S+) ")
+
+
+def _invalid_indexes(cursor: Any, table: str) -> list[str]:
+    cursor.execute(
+        "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+        "WHERE x.indrelid = to_regclass(%s) AND NOT x.indisvalid",
+        [_quote(table)],
+    )
+    return [row[0] for row in cursor.fetchall()]
 
 
 def _rewrite(

@@ -115,3 +115,74 @@ def test_converting_tables_with_rows_keeps_them_and_the_engine_goes_on():
     finally:
         with psycopg.connect(admin, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_conversion_killed_between_its_two_steps_is_run_again_to_the_end(tmp_path):
+    """Killed by SIGKILL after step 1 (the indexes built, the cut-over constraint added
+    and checked): the table is still whole and unpartitioned, and the same command run
+    again (whose cut-over may differ) finishes the conversion."""
+    import signal
+
+    import psycopg
+
+    name = f"outbox_conversion_{uuid.uuid4().hex[:8]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    env = {
+        **os.environ,
+        "DATABASE_URL": url.replace("postgresql:", "postgres:"),
+        "OUTBOX_SETTINGS_JSON": json.dumps(
+            {"OUTBOX": {"DESTINATIONS": {"default": {"TRANSPORT": "memory"}}}, "DISPATCH": "none"}
+        ),
+    }
+    marker = tmp_path / "killed"
+    try:
+        manage(env, "migrate", "-v0")
+        manage(env, "shell", "-c", "import django_outbox\n" + SEND_FIVE)
+        armed = {
+            **env,
+            "DJANGO_OUTBOX_KILL_AT": "partitions.before_swap",
+            "DJANGO_OUTBOX_KILL_MARKER": str(marker),
+        }
+        killed = subprocess.run(
+            [sys.executable, "manage.py", "outbox_partition", "convert", "outbox"],
+            cwd=ROOT,
+            env=armed,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert marker.read_text().startswith("partitions.before_swap")
+        with psycopg.connect(url) as connection:
+            left = connection.execute(
+                "SELECT conname FROM pg_constraint "
+                "WHERE conrelid = 'django_outbox_message'::regclass AND contype = 'c' "
+                "AND conname LIKE '%before_cutover'"
+            ).fetchall()
+            kind = connection.execute(
+                "SELECT relkind FROM pg_class WHERE relname = 'django_outbox_message'"
+            ).fetchone()
+        assert len(left) == 1 and kind == ("r",)  # step 1 done, no swap
+
+        said = manage(env, "outbox_partition", "convert", "outbox")
+        assert "django_outbox_message is partitioned by day; its 5 row(s)" in said
+        with psycopg.connect(url) as connection:
+            rows = connection.execute("SELECT count(*) FROM django_outbox_message").fetchone()
+            # The legacy partition keeps its checked bound (the attach needed no scan).
+            left = connection.execute(
+                "SELECT conrelid::regclass::text FROM pg_constraint "
+                "WHERE conname LIKE '%before_cutover'"
+            ).fetchall()
+        assert rows == (5,) and left == [("django_outbox_message_legacy",)]
+    finally:
+        with psycopg.connect(admin, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+SEND_FIVE = """
+for n in range(5):
+    django_outbox.send("t", {"n": n}, to="default")
+"""
