@@ -29,6 +29,7 @@ from django.utils.module_loading import import_string
 from django_outbox import metrics, tracing
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, partitions, triggers
+from django_outbox.engine.ids import uuid7
 from django_outbox.engine.insert import fast_insert
 from django_outbox.exceptions import OutboxError
 from django_outbox.jobs import compat
@@ -179,7 +180,7 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
         settings = get_settings()
         options = task if isinstance(task, JobTask) else None
         row: dict[str, Any] = {
-            "result_id": uuid.uuid4(),
+            "result_id": uuid7(),
             "task_path": task.module_path,
             "backend": self.alias,
             "queue_name": task.queue_name,

@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from django_outbox.engine import clock, operator
+from django_outbox.engine.ids import uuid7
 from django_outbox.engine.models import EngineRow
 from django_outbox.engine.part import Lifecycle
 
@@ -84,7 +85,7 @@ class Job(EngineRow):
 
     id = models.BigAutoField(primary_key=True)
     result_id = models.UUIDField(
-        default=uuid.uuid4, unique=True, editable=False, help_text="The TaskResult id."
+        default=uuid7, unique=True, editable=False, help_text="The TaskResult id."
     )
     task_path = models.CharField(max_length=255, help_text="Dotted path of the task function.")
     backend = models.CharField(max_length=100, default="default")

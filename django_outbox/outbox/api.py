@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +12,7 @@ from django.utils import timezone
 from django_outbox import metrics, tracing
 from django_outbox.conf import get_settings
 from django_outbox.engine import clock, ordering, triggers
+from django_outbox.engine.ids import uuid7
 from django_outbox.engine.insert import fast_insert
 from django_outbox.engine.retry import is_transient
 from django_outbox.exceptions import KeyConflict, PayloadTooLarge
@@ -69,7 +69,7 @@ def send(
             f"{config.max_payload_bytes}"
         )
     db = using or router.db_for_write(OutboxMessage)
-    message_id = uuid.uuid4()
+    message_id = uuid7()
     if reply_to is not None:
         header_map[HEADER_REPLY_TO] = reply_to
         correlation_id = correlation_id or str(message_id)

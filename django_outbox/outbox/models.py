@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -10,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 
 from django_outbox.engine import operator
+from django_outbox.engine.ids import uuid7
 from django_outbox.engine.models import EngineRow
 
 
@@ -60,7 +60,7 @@ class OutboxMessage(EngineRow):
 
     id = models.BigAutoField(primary_key=True)
     message_id = models.UUIDField(
-        default=uuid.uuid4, unique=True, editable=False, help_text="Idempotency key."
+        default=uuid7, unique=True, editable=False, help_text="Idempotency key."
     )
     type = models.CharField(max_length=255)
     destination = models.CharField(max_length=100)

@@ -325,6 +325,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--informational", action="store_true", help="(CI) print only")
+    parser.add_argument("--no-purge", action="store_true", help="leave the purge out")
     options = parser.parse_args()
 
     import django
@@ -342,7 +343,8 @@ def main() -> None:
             f"{layout}: filled {options.rows:,} rows a table in {fills[layout]:.0f} s", flush=True
         )
         results[layout][str(options.rows)] = measure(options.items, options.repeat)
-        purges[layout] = purge_oldest_day(options.days)
+        if not options.no_purge:
+            purges[layout] = purge_oldest_day(options.days)
     common.drop_database(BENCH_DB)
 
     print(

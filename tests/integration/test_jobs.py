@@ -467,3 +467,13 @@ def test_the_purge_deletes_finished_jobs_and_batches_past_retention():
     assert purge() == 1
     assert list(Job.objects.values_list("result_id", flat=True)) == [uuid.UUID(waiting.id)]
     assert not JobBatch.objects.exists()
+
+
+def test_result_ids_are_time_ordered_version_7_uuids():
+    first = jobs.add.enqueue(1, 2)
+    time.sleep(0.002)
+    second = jobs.add.enqueue(3, 4)
+
+    assert uuid.UUID(first.id).version == uuid.UUID(second.id).version == 7
+    stored = list(Job.objects.order_by("result_id").values_list("result_id", flat=True))
+    assert [str(value) for value in stored] == [first.id, second.id]

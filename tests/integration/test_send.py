@@ -3,6 +3,7 @@
 import decimal
 import math
 import threading
+import time
 
 import pytest
 from django.db import transaction
@@ -390,3 +391,13 @@ def test_a_rolled_back_transaction_leaves_no_ids_for_the_next_one(dispatched):
     with transaction.atomic():
         kept = django_outbox.send("order.created", {"n": "kept"})
     assert dispatched == [[kept.pk]]
+
+
+def test_message_ids_are_time_ordered_so_each_new_one_lands_at_the_end_of_its_index():
+    first = django_outbox.send("order.created", {"n": 1}, to="default")
+    time.sleep(0.002)
+    second = django_outbox.send("order.created", {"n": 2}, to="default")
+
+    stored = list(OutboxMessage.objects.order_by("message_id").values_list("pk", flat=True))
+    assert first.message_id.version == second.message_id.version == 7
+    assert stored == [first.pk, second.pk]  # the database's own order of the ids
