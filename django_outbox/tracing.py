@@ -150,8 +150,23 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
     """Make the spans here with *provider* instead of the global one (``None``: the global
     one again): for tests and benchmarks, since OpenTelemetry lets a process install its
     global provider only once."""
-    global _tracer
+    global _tracer, _own_provider
     _tracer = provider.get_tracer(SCOPE) if provider is not None else None
+    _own_provider = provider is not None
+
+
+_own_provider = False
+
+
+def recording() -> bool:
+    """Whether a span made now could be recorded: a tracer provider has been installed
+    (globally, or here with :func:`use_tracer_provider`). Without one, OpenTelemetry's
+    API makes no span, only passes the parent's context on; a root span would be
+    nothing at all, so the hot paths skip building it. Asked on every call: a provider
+    installed later is seen at once."""
+    return _own_provider or not isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    )
 
 
 # -- the context stored with rows ------------------------------------------------------
@@ -310,6 +325,10 @@ def handling(message: InboxMessage) -> AbstractContextManager[Any]:
     the message carries. An exception that leaves it sets its status to ERROR."""
     if not enabled():
         return _NULL
+    if not recording():
+        headers = message.headers or {}
+        if not (headers.get(TRACEPARENT) or headers.get(SENTRY_TRACE)):
+            return _NULL  # no parent to pass on and no span to make
     attributes: dict[str, Any] = {
         SYSTEM: _source_system(message.source),
         DESTINATION: message.source,
@@ -334,8 +353,8 @@ def handling(message: InboxMessage) -> AbstractContextManager[Any]:
 def running(job: Job) -> AbstractContextManager[Any]:
     """A ``run`` span, current while *job* runs, a child of its enqueue context; the
     job's failure is recorded by :func:`record_failure`."""
-    if not enabled():
-        return _NULL
+    if not enabled() or (not job.traceparent and not recording()):
+        return _NULL  # no parent to pass on and no span to make
     span_context = parse_traceparent(job.traceparent)
     parent = (
         trace.set_span_in_context(NonRecordingSpan(span_context), _Context())
@@ -423,6 +442,7 @@ __all__ = [
     "publish",
     "receiving",
     "record_failure",
+    "recording",
     "running",
     "use_tracer_provider",
 ]
