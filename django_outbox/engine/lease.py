@@ -420,17 +420,17 @@ def instance_builder(model: type[M], using: str, names: Sequence[str]) -> Any:
     """A function making an instance of *model* from the values of one row, its fields
     *names* in the model's field order, as ``model.from_db(using, names, values)`` does.
 
-    When that row holds every concrete field and nothing could observe the difference
-    (no ``pre_init`` or ``post_init`` receiver for the model, ``__init__`` and
-    ``from_db`` as Django's), the instance is made directly: its ``__dict__`` filled
-    as ``Model.__init__`` fills it, without the field-by-field ``setattr`` and the two
-    signal sends, which cost a claimed job's row more than its fetch. Otherwise this is
+    When nothing could observe the difference (no ``pre_init`` or ``post_init``
+    receiver for the model, ``__init__`` and ``from_db`` as Django's), the instance is
+    made directly: its ``__dict__`` filled as ``Model.__init__`` fills it (the fields
+    not in *names* left out, deferred), without the field-by-field ``setattr`` and the
+    two signal sends, which cost a claimed row more than its fetch. Otherwise this is
     ``from_db``."""
     from django.db.models.signals import post_init, pre_init
 
-    meta = model._meta
+    attnames = {f.attname for f in model._meta.concrete_fields}
     plain = (
-        len(names) == len(meta.concrete_fields)
+        set(names) <= attnames
         and model.__init__ is models.Model.__init__
         and model.from_db.__func__ is models.Model.from_db.__func__  # type: ignore[attr-defined]
         and not pre_init.has_listeners(model)

@@ -65,14 +65,16 @@ class Envelope:
         """User headers plus the standard ``outbox-*`` headers, which win: a user header
         whose name is a standard one in any case is dropped (receivers read names
         case-blind, and HTTP cannot carry both)."""
-        headers = {
-            str(k): str(v)
-            for k, v in self.user_headers.items()
-            if str(k).lower() not in STANDARD_HEADERS
-        }
-        headers[HEADER_MESSAGE_ID] = str(self.message_id)
+        user = self.user_headers
+        headers = (
+            {str(k): str(v) for k, v in user.items() if str(k).lower() not in STANDARD_HEADERS}
+            if user
+            else {}
+        )
+        message_id = str(self.message_id)
+        headers[HEADER_MESSAGE_ID] = message_id
         headers[HEADER_TYPE] = self.type
-        headers[HEADER_CORRELATION_ID] = self.correlation_id or str(self.message_id)
+        headers[HEADER_CORRELATION_ID] = self.correlation_id or message_id
         headers[HEADER_ATTEMPT] = str(self.attempt)
         if self.key is not None:
             headers[HEADER_KEY] = self.key

@@ -120,7 +120,7 @@ def test_pre_init_receivers_are_told_too():
     assert told == [OutboxMessage] * 3
 
 
-def test_a_partial_row_is_made_deferred_by_from_db():
+def test_a_partial_row_is_made_with_the_rest_deferred():
     make_rows()
     names, records = fetched(Job)
     keep = {"id", "task_path", "state"}
@@ -129,3 +129,8 @@ def test_a_partial_row_is_made_deferred_by_from_db():
         [records[0][i] for i in picked]
     )
     assert row.get_deferred_fields() == {n for n in names if n not in keep}
+    django_made = Job.objects.only(*keep).get(pk=row.pk)
+    assert vars(row).keys() == vars(django_made).keys()
+    assert row.task_path == django_made.task_path
+    row.refresh_from_db(fields=["args"])  # a deferred field loads as Django's does
+    assert row.args == [0]

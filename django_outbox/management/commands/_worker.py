@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
-from django_outbox.engine.loop import WorkerLoop
+from django_outbox.engine.loop import WorkerLoop, settle_heap
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.exceptions import ConfigurationError
 from django_outbox.management.commands._args import non_negative_float, port_number, positive_int
@@ -73,6 +73,7 @@ class WorkerCommand(BaseCommand):
         signal.signal(signal.SIGINT, worker.stop)
         if options["verbosity"] >= 1 and not options["json"]:
             self.stdout.write(self.banner(runner, options))
+        settle_heap()
         started = time.monotonic()
         total = worker.run()
         if options["json"]:

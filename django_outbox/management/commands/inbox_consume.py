@@ -22,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from django_outbox.conf import Source, get_settings
 from django_outbox.engine import heartbeat
-from django_outbox.engine.loop import WorkerLoop
+from django_outbox.engine.loop import WorkerLoop, settle_heap
 from django_outbox.inbox.consumers.kombu import ConsumeResult, KombuConsumer
 from django_outbox.inbox.consumers.outage import SourceUnavailable
 from django_outbox.inbox.consumers.redis import RedisConsumer
@@ -174,6 +174,7 @@ class Command(BaseCommand):
         # The handlers' claims carry this process's worker id: if it dies, another
         # worker's heartbeat gives them back within seconds, not after their lease.
         heartbeat.start("inbox", options["database"])
+        settle_heap()
         try:
             failures: list[tuple[KombuConsumer, BaseException]] = []
 
@@ -235,6 +236,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"inbox_consume: no kombu source to consume; handling what is due from: {others}"
             )
+        settle_heap()
         total = ConsumeResult(handled=loop.run().done)
         if options["json"]:
             self.stdout.write(json.dumps(total.as_dict(), sort_keys=True))
