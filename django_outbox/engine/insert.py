@@ -24,6 +24,7 @@ from django.db import models
 
 from django_outbox.engine import clock
 from django_outbox.engine.partitions import Guard
+from django_outbox.engine.rows import fast_timestamps, instance_builder
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class FastInsert:
             pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
             for name, source in self.columns
         ]
-        return self.model.from_db(connection.alias, [name for name, _ in self.columns], values)
+        names = [name for name, _ in self.columns]
+        return instance_builder(self.model, connection.alias, names)(values)
 
     def run_bare(
         self, connection: Any, row: Mapping[str, Any], raw: Mapping[str, Any] | None = None
@@ -116,11 +118,13 @@ class FastInsert:
                 for name, prepare in self.params
             ]
         with connection.cursor() as cursor:
+            fast_timestamps(cursor, connection)
             cursor.execute(sql, params)
             returned = cursor.fetchall()
         convert = getattr(connection.ops, "convert_datetimefield_value", None)
         inserted = {tuple(r[2:]): r[:2] for r in returned}
         names = [name for name, _ in self.columns]
+        build = instance_builder(self.model, connection.alias, names)
         instances = []
         for row in rows:
             got = inserted.pop(tuple(row[name] for name in self.conflict_fields), None)
@@ -133,7 +137,7 @@ class FastInsert:
                 pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
                 for name, source in self.columns
             ]
-            instances.append(self.model.from_db(connection.alias, names, values))
+            instances.append(build(values))
         return instances
 
 

@@ -30,6 +30,7 @@ from django.db.models import Case, Expression, F, Value, When
 from django.utils import timezone
 
 from django_outbox.engine import clock
+from django_outbox.engine.rows import fast_timestamps, instance_builder
 
 M = TypeVar("M", bound=models.Model)
 
@@ -414,79 +415,6 @@ def declared_started(using: str, rows: Sequence[Any]) -> set[Any]:
         if str(row.pk) in named.get((row.claimed_by, row.lock_token), ()):
             started.add(row.pk)
     return started
-
-
-def instance_builder(model: type[M], using: str, names: Sequence[str]) -> Any:
-    """A function making an instance of *model* from the values of one row, its fields
-    *names* in the model's field order, as ``model.from_db(using, names, values)`` does.
-
-    When nothing could observe the difference (no ``pre_init`` or ``post_init``
-    receiver for the model, ``__init__`` and ``from_db`` as Django's), the instance is
-    made directly: its ``__dict__`` filled as ``Model.__init__`` fills it (the fields
-    not in *names* left out, deferred), without the field-by-field ``setattr`` and the
-    two signal sends, which cost a claimed row more than its fetch. Otherwise this is
-    ``from_db``."""
-    from django.db.models.signals import post_init, pre_init
-
-    attnames = {f.attname for f in model._meta.concrete_fields}
-    plain = (
-        set(names) <= attnames
-        and model.__init__ is models.Model.__init__
-        and model.from_db.__func__ is models.Model.from_db.__func__  # type: ignore[attr-defined]
-        and not pre_init.has_listeners(model)
-        and not post_init.has_listeners(model)
-    )
-    if not plain:
-        return lambda values: model.from_db(using, names, values)
-    keys = tuple(names)
-    new = object.__new__
-    state_class = models.base.ModelState
-
-    def build(values: Sequence[Any]) -> M:
-        instance = new(model)
-        state = state_class()
-        state.adding = False
-        state.db = using
-        instance.__dict__ = dict(zip(keys, values, strict=True))
-        instance._state = state
-        return instance
-
-    return build
-
-
-def fast_timestamps(cursor: Any, connection: Any) -> None:
-    """Read ``timestamptz`` columns on *cursor* (Django's, of *connection*) with psycopg's
-    own loader, compiled in C, instead of Django's, a Python subclass of it that only
-    sets the connection's time zone on each value. Both give the same aware datetimes
-    when that zone is UTC, as it is with ``USE_TZ`` (Django sets the session's
-    ``TimeZone`` to it), and Django's costs about 4 µs a value: a claimed job's row
-    took 13 µs to fetch, 3 µs this way. Anything else is left as Django made it."""
-    if connection.vendor != "postgresql" or not _utc_session(connection):
-        return
-    adapters = getattr(getattr(cursor, "cursor", None), "adapters", None)
-    loader = _timestamptz_loader()
-    if adapters is not None and loader is not None:  # psycopg 3 (psycopg2 has neither)
-        adapters.register_loader("timestamptz", loader)
-
-
-def _utc_session(connection: Any) -> bool:
-    from django.conf import settings
-
-    return bool(settings.USE_TZ) and connection.timezone_name == "UTC"
-
-
-_LOADER: list[Any] = []
-
-
-def _timestamptz_loader() -> Any:
-    if not _LOADER:
-        try:
-            from psycopg.types import datetime as psycopg_datetime
-        except ImportError:  # psycopg2: Django's own loaders are left alone
-            _LOADER.append(None)
-        else:
-            _LOADER.append(psycopg_datetime.TimestamptzLoader)
-    return _LOADER[0]
 
 
 class IdRuns:

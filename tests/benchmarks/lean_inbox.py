@@ -34,7 +34,7 @@ RETURNING id
 
 HANDLED = """
 UPDATE django_outbox_inbox
-SET state = 'handled', handled_at = now(), attempted_at = now(), attempts = 1
+SET state = 'handled', handled_at = clock_timestamp(), attempted_at = now(), attempts = 1
 WHERE id = ANY(%(ids)s)
 """
 

@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.models.signals import post_init, pre_init
 
 import django_outbox
-from django_outbox.engine import lease
+from django_outbox.engine import rows as lease
 from django_outbox.inbox.models import InboxMessage
 from django_outbox.jobs.models import Job
 from django_outbox.outbox.models import OutboxMessage
