@@ -95,6 +95,8 @@ class Running(Part):
         #: Jobs declared per window, and the mean job duration it follows (seconds).
         self._window = 1
         self._mean: float | None = None
+        #: The tasks this runner has loaded, by path.
+        self._loaded: dict[str, Any] = {}
 
     def due(self) -> models.QuerySet[Any]:
         due = super().due()
@@ -217,7 +219,11 @@ class Running(Part):
         from django_outbox.jobs.backend import as_enqueued, check_return_value, load_task, to_result
 
         try:
-            task = as_enqueued(load_task(row.task_path), row, row.backend)
+            task = self._loaded.get(row.task_path)
+            if task is None:
+                # Once per path and runner: an import per job cost more than the job.
+                task = self._loaded[row.task_path] = load_task(row.task_path)
+            task = as_enqueued(task, row, row.backend)
         except Exception as exc:
             return self._failed(row, exc, retry=False)
         result = to_result(row, task=task)

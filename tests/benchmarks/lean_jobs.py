@@ -1,6 +1,6 @@
 """The lean bound of a jobs worker: claim, run, record, written directly with psycopg.
 
-    python -m tests.benchmarks.lean_jobs DSN
+    python -m tests.benchmarks.lean_jobs DSN [--contract]
 
 What any database-backed worker must at least do per batch of no-op jobs, and nothing
 more: one ``UPDATE … RETURNING`` over ``FOR UPDATE SKIP LOCKED`` claims up to 500 due
@@ -8,6 +8,13 @@ jobs (RUNNING, a lease, the attempt counted), each job's function is found by it
 (looked up once) and called with its arguments, and one ``UPDATE`` records them all
 SUCCESSFUL. No framework, no model instances, no per-job statement, no outcome of its
 own per job (every no-op returns ``None``), no retries, no heartbeat, no fencing.
+
+With ``--contract`` it also does what Django's Tasks API asks of any backend's worker,
+and nothing else: each job's ``TaskResult`` made (Django's class), ``task_started``
+sent with it before the call and ``task_finished`` after it with the result as
+finished, to the receivers connected (Django's own log the start and the end); the
+function is the job's ``Task``, called as ``Task.call`` does. That is the floor of any
+Django Tasks backend on this path, ours included.
 
 It polls every 0.05 s like ``jobs_worker --interval 0.05``. On SIGTERM it prints one JSON
 line: the jobs it ran and the CPU seconds it spent from its first non-empty claim to
@@ -50,8 +57,54 @@ def noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def contract() -> Callable[[str, str, list[Any], dict[str, Any]], None]:
+    """A runner of one job as the Tasks API asks: result, signals, ``Task.call``."""
+    import dataclasses
+    from datetime import UTC, datetime
+
+    import django
+    from django.utils.module_loading import import_string
+
+    django.setup()
+    from django_outbox.jobs import compat
+    from django_outbox.jobs.backend import JobsBackend
+
+    tasks: dict[str, Any] = {}
+    started_signal, finished_signal = compat.signals.task_started, compat.signals.task_finished
+
+    def run(job_id: str, path: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        task = tasks.get(path)
+        if task is None:
+            task = tasks[path] = import_string(path)
+        now = datetime.now(UTC)
+        result = compat.TaskResult(
+            task=task,
+            id=job_id,
+            status=compat.TaskResultStatus.RUNNING,
+            enqueued_at=now,
+            started_at=now,
+            finished_at=None,
+            last_attempted_at=now,
+            args=args,
+            kwargs=kwargs,
+            backend=task.backend,
+            errors=[],
+            worker_ids=["lean"],
+        )
+        started_signal.send(sender=JobsBackend, task_result=result)
+        value = task.call(*args, **kwargs)
+        finished = dataclasses.replace(
+            result, status=compat.TaskResultStatus.SUCCESSFUL, finished_at=datetime.now(UTC)
+        )
+        compat.set_attribute(finished, "_return_value", value)
+        finished_signal.send(sender=JobsBackend, task_result=finished)
+
+    return run
+
+
 def main() -> None:
     conn = psycopg.connect(sys.argv[1], autocommit=True)
+    run_job = contract() if "--contract" in sys.argv[2:] else None
     worker = uuid.uuid4()
     functions: dict[str, Callable[..., Any]] = {}
     ran = 0
@@ -73,11 +126,15 @@ def main() -> None:
             continue
         if first_cpu is None:
             first_cpu = time.process_time()
-        for _, path, args, kwargs in rows:
-            function = functions.get(path)
-            if function is None:
-                function = functions[path] = noop  # every path here is a no-op
-            function(*args, **kwargs)
+        if run_job is not None:
+            for job_id, path, args, kwargs in rows:
+                run_job(str(job_id), path, args, kwargs)
+        else:
+            for _, path, args, kwargs in rows:
+                function = functions.get(path)
+                if function is None:
+                    function = functions[path] = noop  # every path here is a no-op
+                function(*args, **kwargs)
         with conn.transaction():
             conn.execute(RECORD, {"ids": [row[0] for row in rows], "token": token})
         ran += len(rows)
