@@ -10,6 +10,7 @@ from typing import Any
 from django.db import IntegrityError, connections, router, transaction
 
 from django_outbox import metrics, tracing
+from django_outbox.conf import get_settings
 from django_outbox.engine import clock, partitions, triggers
 from django_outbox.engine.insert import fast_insert
 from django_outbox.exceptions import InvalidMessage
@@ -59,20 +60,29 @@ def receive(
     )
     using = using or router.db_for_write(InboxMessage)
     connection = connections[using]
+    # NOTIFY mode on PostgreSQL, as send() does: the INSERT queues the notification of
+    # a new row itself, delivered at commit (once per transaction), instead of an
+    # on-commit callback sending it in a statement and a transaction of its own.
+    notify = (
+        get_settings().notify_channel
+        if trigger and connection.vendor == "postgresql" and get_settings().dispatch == "notify"
+        else None
+    )
     if connection.vendor in ("postgresql", "sqlite") and (
         connection.features.can_return_columns_from_insert
     ):
         # One statement: INSERT … ON CONFLICT DO NOTHING RETURNING. A duplicate
         # inserts nothing, takes no savepoint and leaves the transaction alone.
-        message = _statement(connection).run(connection, row, raw={"payload": text})
+        statement = _statement(connection, notify)
+        message = statement.run(connection, row, raw={"payload": text})
         if message is None and _forgotten(using, source, row["message_id"]):
-            message = _statement(connection).run(connection, row, raw={"payload": text})
+            message = statement.run(connection, row, raw={"payload": text})
     else:
         message = _insert_with_savepoint(using, row)
     if message is None:
         metrics.counted_on_commit("inbox", "duplicates", source, using)
         return _stored(using, source, row["message_id"]), False
-    if trigger:
+    if trigger and notify is None:
         triggers.schedule("inbox", using, message.pk)
     metrics.counted_on_commit("inbox", "received", source, using)
     return message, True
@@ -157,13 +167,17 @@ def receive_many(
     return new, len(prepared) - len(new)
 
 
-def _statement(connection: Any) -> Any:
+def _statement(connection: Any, notify: str | None = None) -> Any:
+    """The inbox's INSERT on *connection*; with *notify* (a channel), one that also
+    queues ``pg_notify(notify, 'inbox')`` for the row it inserts."""
     return fast_insert(
         connection,
         InboxMessage,
         varying=_VARYING,
         clock_fields=("created_at", "available_at"),
         conflict_fields=("source", "message_id"),
+        # notify: an identifier (checked by the settings)
+        returning_extra=f"pg_notify('{notify}', 'inbox')" if notify is not None else "",
         guard=_SEEN if partitions.is_partitioned(InboxMessage, connection.alias) else None,
     )
 

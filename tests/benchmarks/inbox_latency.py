@@ -43,9 +43,12 @@ B_SETTINGS = {
 }
 
 
-def produce(rate: float, seconds: float, out: multiprocessing.Queue) -> None:
-    """One producer process of service A."""
-    os.environ.update(latency.child_env(A_SETTINGS))
+def produce(
+    rate: float, seconds: float, out: multiprocessing.Queue, settings: dict | None = None
+) -> None:
+    """One producer process of service A (its settings *settings*, default the RabbitMQ
+    path's)."""
+    os.environ.update(latency.child_env(settings or A_SETTINGS))
     import django
 
     django.setup()

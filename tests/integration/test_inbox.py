@@ -448,3 +448,55 @@ def test_one_drain_handles_every_message_a_killed_worker_left_behind():
     states = set(InboxMessage.objects.values_list("state", flat=True))
     assert states == {InboxState.HANDLED}
     assert Payment.objects.count() == len(left) + len(fresh)
+
+
+def _listener():
+    import psycopg
+    from django.db import connection
+
+    info = connection.settings_dict
+    listener = psycopg.connect(
+        host=info["HOST"] or "127.0.0.1",
+        port=info["PORT"] or 5432,
+        dbname=info["NAME"],
+        user=info["USER"] or "postgres",
+        autocommit=True,
+    )
+    listener.execute('LISTEN "django_outbox"')
+    return listener
+
+
+@pytest.mark.postgres
+def test_notify_mode_queues_the_notification_in_the_insert_itself(
+    configure_outbox, django_assert_num_queries
+):
+    """As send() does: the INSERT of a new message queues the NOTIFY, delivered at
+    commit, once; no statement after the commit."""
+    configure_outbox(DISPATCH="notify")
+    listener = _listener()
+    try:
+        # BEGIN, one INSERT per receive(), COMMIT: no statement on commit.
+        with django_assert_num_queries(4), transaction.atomic():
+            receive("payment.captured", {"order": "n1"}, message_id="n-1")
+            receive("payment.captured", {"order": "n2"}, message_id="n-2")
+            assert not list(listener.notifies(timeout=0.2, stop_after=1))  # not before commit
+        [notification] = list(listener.notifies(timeout=2, stop_after=1))
+        assert (notification.channel, notification.payload) == ("django_outbox", "inbox")
+    finally:
+        listener.close()
+
+
+@pytest.mark.postgres
+def test_notify_mode_tells_nothing_of_a_duplicate_or_a_rollback(configure_outbox):
+    configure_outbox(DISPATCH="notify")
+    receive("payment.captured", {"order": "d1"}, message_id="d-1")
+    listener = _listener()
+    try:
+        receive("payment.captured", {"order": "d1"}, message_id="d-1")  # a duplicate
+        with pytest.raises(RuntimeError), transaction.atomic():
+            receive("payment.captured", {"order": "d2"}, message_id="d-2")
+            raise RuntimeError("rolled back")
+        assert not list(listener.notifies(timeout=0.5, stop_after=1))
+        assert not InboxMessage.objects.filter(message_id="d-2").exists()
+    finally:
+        listener.close()

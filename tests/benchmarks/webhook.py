@@ -1,0 +1,261 @@
+"""The inbox's webhook under a real WSGI server: its throughput against a view that
+only inserts the row, and commit → handled across two services over HTTP.
+
+    python -m tests.benchmarks.webhook --requests 6000 --repeat 3 --rate 500 --seconds 10
+
+**Throughput.** Service B (database ``django_outbox_webhook_bench``) is served by
+gunicorn, 2 sync workers. A load process posts pre-signed deliveries from 8 threads
+as fast as they are answered, first to the inbox's webhook view (signature, envelope,
+intake rules, the row stored), then, the table emptied, to the test project's
+``bench/bare-insert/`` view (one bare ``INSERT`` of the same row, nothing checked),
+alternately, the median of ``--repeat`` rounds. Every delivery must be answered 200
+and stored.
+
+**Latency.** Service A (the relay benchmark's database) commits one ``send()`` per
+transaction from 4 producer processes paced to ``--rate``; its ``outbox_relay``, woken
+by NOTIFY, posts each message to B's webhook (the ``http`` transport, signed, 8 at a
+time); B's ``inbox_worker``, woken by NOTIFY, runs the handler, which notes the time.
+Latency is the handler's time minus the commit's (same host, same clock).
+
+Nothing is asserted; the figures go to ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import multiprocessing
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import date
+
+import psycopg
+
+from tests.benchmarks import common, inbox_latency, latency
+from tests.benchmarks import relay as harness
+
+B_DB = os.environ.get(
+    "BENCH_WEBHOOK_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_outbox_webhook_bench"
+)
+PORT = int(os.environ.get("BENCH_WEBHOOK_PORT", "8766"))
+SECRET = "webhook-bench-secret"
+B_SETTINGS = {
+    "DISPATCH": "notify",
+    "INBOX": {"SOURCES": {"a": {"TRANSPORT": "webhook", "SECRET": SECRET}}},
+}
+A_SETTINGS = {
+    "OUTBOX": {
+        "DESTINATIONS": {
+            "b": {
+                "TRANSPORT": "http",
+                "URL": f"http://127.0.0.1:{PORT}/inbox/a/",
+                "SECRET": SECRET,
+            }
+        }
+    },
+    "DISPATCH": "notify",
+}
+THREADS = 8
+
+
+def b_env() -> dict[str, str]:
+    env = inbox_latency.service_env(B_DB, B_SETTINGS)
+    env["OUTBOX_LOG_LEVEL"] = "ERROR"
+    return env
+
+
+def serve(workers: int = 2) -> subprocess.Popen[bytes]:
+    """gunicorn serving the test project for service B, returned once it answers."""
+    command = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{PORT}"]
+    command += ["--log-level", "warning", "testproject.wsgi"]
+    server = subprocess.Popen(command, cwd=latency.ROOT, env=b_env())
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", PORT), timeout=1).close()
+            return server
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError("gunicorn did not start") from None
+            time.sleep(0.1)
+
+
+def prepared(count: int) -> list[tuple[bytes, dict[str, str]]]:
+    """*count* signed deliveries, made before the clock starts."""
+    from django_outbox import signing
+
+    deliveries = []
+    for n in range(count):
+        body = json.dumps({"order": n, "amount": "12.50", "note": "webhook benchmark"}).encode()
+        headers = {"outbox-type": "payment.captured", "outbox-message-id": str(uuid.uuid4())}
+        headers["Outbox-Signature"] = signing.sign(SECRET, body, headers=headers)
+        headers["Content-Type"] = "application/json"
+        deliveries.append((body, headers))
+    return deliveries
+
+
+def post_all(path: str, deliveries: list[tuple[bytes, dict[str, str]]]) -> float:
+    """POST every delivery to *path* from ``THREADS`` threads; deliveries per second."""
+    order = itertools.count()
+    failures: list[str] = []
+
+    def work() -> None:
+        while (n := next(order)) < len(deliveries) and not failures:
+            body, headers = deliveries[n]
+            connection = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+            try:
+                connection.request("POST", path, body=body, headers=headers)
+                response = connection.getresponse()
+                answer = response.read()
+                if response.status != 200:
+                    failures.append(f"HTTP {response.status}: {answer[:200]!r}")
+            finally:
+                connection.close()
+
+    threads = [threading.Thread(target=work) for _ in range(THREADS)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise RuntimeError(f"{len(failures)} deliveries failed, the first: {failures[0]}")
+    return len(deliveries) / elapsed
+
+
+def stored(b: psycopg.Connection) -> int:
+    return int(b.execute("SELECT count(*) FROM django_outbox_inbox").fetchone()[0])
+
+
+def throughput(count: int, repeat: int) -> dict[str, float]:
+    """Median deliveries per second of the webhook view and of the bare INSERT."""
+    deliveries = prepared(count)
+    rates: dict[str, list[float]] = {"webhook": [], "bare": []}
+    server = serve()
+    try:
+        with psycopg.connect(B_DB, autocommit=True) as b:
+            for _ in range(repeat):
+                for name, path in (("webhook", "/inbox/a/"), ("bare", "/bench/bare-insert/a/")):
+                    b.execute("TRUNCATE django_outbox_inbox")
+                    rates[name].append(post_all(path, deliveries))
+                    if stored(b) != count:
+                        raise RuntimeError(f"{name}: {stored(b)} of {count} stored")
+    finally:
+        server.terminate()
+        server.wait(30)
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def commit_to_handled(rate: float, seconds: float) -> list[float]:
+    """Milliseconds from A's commit to B's handler, per message."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE django_outbox_message, django_outbox_key, django_outbox_worker")
+    with psycopg.connect(B_DB, autocommit=True) as b:
+        b.execute("TRUNCATE django_outbox_inbox, django_outbox_inbox_cursor, shop_payment")
+    server = serve()
+    a_env = inbox_latency.service_env(harness.BENCH_DB, A_SETTINGS)
+    relay = subprocess.Popen(
+        [sys.executable, "manage.py", "outbox_relay", "--interval", "5"],
+        cwd=latency.ROOT,
+        env=a_env,
+        stdout=subprocess.DEVNULL,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "inbox_worker", "--interval", "5"],
+        cwd=latency.ROOT,
+        env=b_env(),
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(3)  # every process is up
+        context = multiprocessing.get_context("spawn")
+        results: multiprocessing.Queue = context.Queue()
+        producers = [
+            context.Process(
+                target=inbox_latency.produce,
+                args=(rate / latency.PRODUCERS, seconds, results, A_SETTINGS),
+            )
+            for _ in range(latency.PRODUCERS)
+        ]
+        for process in producers:
+            process.start()
+        committed: dict[str, float] = {}
+        for _ in producers:
+            committed.update(results.get(timeout=seconds + 120))
+        for process in producers:
+            process.join()
+        handled: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while len(handled) < len(committed) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            with psycopg.connect(B_DB) as b:
+                rows = b.execute(
+                    "SELECT order_ref, sequence FROM shop_payment WHERE status = 'latency'"
+                ).fetchall()
+            handled = {ref: micros / 1_000_000 for ref, micros in rows}
+    finally:
+        for process in (relay, worker, server):
+            process.terminate()
+            process.wait(30)
+    missing = len(committed) - len(handled)
+    if missing:
+        print(f"{missing} of {len(committed)} messages not handled within 60 s")
+    return sorted((handled[m] - t) * 1000 for m, t in committed.items() if m in handled)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=6000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=500)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--informational", action="store_true", help="A reduced CI run.")
+    args = parser.parse_args()
+    harness.setup_django()  # service A's database, migrated
+    common.ensure_database(B_DB)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"], cwd=latency.ROOT, env=b_env(), check=True
+    )
+    rates = throughput(args.requests, args.repeat)
+    delays = commit_to_handled(args.rate, args.seconds)
+    print(
+        f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()} · "
+        f"gunicorn, 2 sync workers · {args.requests} deliveries from {THREADS} threads, "
+        f"median of {args.repeat}\n"
+    )
+    ratio = rates["webhook"] / rates["bare"]
+    print("| view | deliveries/s | of the bare INSERT |")
+    print("|---|---:|---:|")
+    print(f"| the inbox's webhook | {rates['webhook']:,.0f} | {ratio:.2f} |")
+    print(f"| bare INSERT of the row | {rates['bare']:,.0f} | 1.00 |")
+    p50, p95, p99 = (latency.percentile(delays, q) for q in (0.50, 0.95, 0.99))
+    print(
+        f"\nA commit → NOTIFY → relay → HTTP → B's webhook (gunicorn) → NOTIFY → "
+        f"inbox_worker → handler, {args.rate:g}/s offered for {args.seconds:g} s, "
+        f"{len(delays)} handled: p50 {p50:.1f} ms, p95 {p95:.1f} ms, p99 {p99:.1f} ms, "
+        f"max {delays[-1]:.1f} ms"
+    )
+    note = " (reduced run, informational)" if args.informational else ""
+    for target, met in {
+        "webhook ≥ 0.8 of the bare INSERT": ratio >= 0.8,
+        f"commit → handled p99 ≤ 50 ms at {args.rate:g}/s": p99 <= 50,
+    }.items():
+        print(f"target {target}: {'met' if met else 'MISSED'}{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
