@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-partitions bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-webhook bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-admin  the admin's pages and the health page and probe over 5 million rows per table on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
+	@echo "make bench-webhook  the webhook under gunicorn against a bare INSERT, and commit → handled over HTTP"
 	@echo "make bench-tracing  what tracing costs send() and the relay: off, the API alone, the SDK (see docs/benchmarks.md)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
 	@echo "make chaos-services  two services and their jobs under faults at full size (SIGKILLs, hosts cut off, brokers and PostgreSQL restarted; see docs/reliability.md)"
@@ -151,6 +152,7 @@ bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_health --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.partitions --rows 20000 --days 3 --items 300 --repeat 1 --informational
+	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 500 --repeat 1 --rate 100 --seconds 2 --informational
 
 # The admin's list and message pages over 5 million rows on PostgreSQL, in a database
 # of their own (created, then dropped). Several minutes, most of them filling the table.
@@ -166,6 +168,9 @@ bench-partitions: $(VENV)/.installed
 
 # Jobs: jobs_worker (1 and 2 processes) against a Celery solo worker and django-tasks-db's
 # db_worker, enqueue against a bare INSERT and delay_on_commit, enqueue -> start latency.
+bench-webhook: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 6000 --repeat 3 --rate 500 --seconds 10
+
 bench-jobs: $(VENV)/.installed
 	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 20000 --repeat 3

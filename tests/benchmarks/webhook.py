@@ -17,6 +17,9 @@ by NOTIFY, posts each message to B's webhook (the ``http`` transport, signed, 8 
 time); B's ``inbox_worker``, woken by NOTIFY, runs the handler, which notes the time.
 Latency is the handler's time minus the commit's (same host, same clock).
 
+**One at a time.** 200 deliveries posted one after the other over one kept-alive
+connection, to gunicorn and to Django's ``runserver``: milliseconds each.
+
 Nothing is asserted; the figures go to ``docs/benchmarks.md``.
 """
 
@@ -73,11 +76,16 @@ def b_env() -> dict[str, str]:
     return env
 
 
-def serve(workers: int = 2) -> subprocess.Popen[bytes]:
-    """gunicorn serving the test project for service B, returned once it answers."""
+def serve(workers: int = 2, runserver: bool = False) -> subprocess.Popen[bytes]:
+    """gunicorn (or, with *runserver*, Django's development server) serving the test
+    project for service B, returned once it answers."""
     command = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{PORT}"]
     command += ["--log-level", "warning", "testproject.wsgi"]
-    server = subprocess.Popen(command, cwd=latency.ROOT, env=b_env())
+    if runserver:
+        command = [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{PORT}"]
+    server = subprocess.Popen(
+        command, cwd=latency.ROOT, env=b_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -132,6 +140,31 @@ def post_all(path: str, deliveries: list[tuple[bytes, dict[str, str]]]) -> float
     if failures:
         raise RuntimeError(f"{len(failures)} deliveries failed, the first: {failures[0]}")
     return len(deliveries) / elapsed
+
+
+def one_at_a_time(count: int, runserver: bool) -> float:
+    """Milliseconds per delivery (median) when deliveries go one after the other over
+    one kept-alive connection (httpx, as the ``http`` transport's lanes send), to
+    gunicorn or to Django's runserver."""
+    import httpx
+
+    deliveries = prepared(count)
+    server = serve(runserver=runserver)
+    times = []
+    try:
+        with httpx.Client() as client:
+            for body, headers in deliveries:
+                started = time.perf_counter()
+                answer = client.post(
+                    f"http://127.0.0.1:{PORT}/inbox/a/", content=body, headers=headers
+                )
+                times.append(time.perf_counter() - started)
+                if answer.status_code != 200:
+                    raise RuntimeError(f"HTTP {answer.status_code}: {answer.text[:200]}")
+    finally:
+        server.terminate()
+        server.wait(30)
+    return statistics.median(times) * 1000
 
 
 def stored(b: psycopg.Connection) -> int:
@@ -229,6 +262,9 @@ def main() -> int:
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v0"], cwd=latency.ROOT, env=b_env(), check=True
     )
+    sequential = {
+        kind: one_at_a_time(200, kind == "runserver") for kind in ("gunicorn", "runserver")
+    }
     rates = throughput(args.requests, args.repeat)
     delays = commit_to_handled(args.rate, args.seconds)
     print(
@@ -241,6 +277,13 @@ def main() -> int:
     print("|---|---:|---:|")
     print(f"| the inbox's webhook | {rates['webhook']:,.0f} | {ratio:.2f} |")
     print(f"| bare INSERT of the row | {rates['bare']:,.0f} | 1.00 |")
+    print(
+        "\nOne delivery after the other over one connection: gunicorn "
+        f"{sequential['gunicorn']:.1f} ms each, Django's runserver "
+        f"{sequential['runserver']:.1f} ms each ({1000 / sequential['runserver']:.0f}/s: it "
+        "writes an answer in two sends, and Nagle's algorithm holds the second until the "
+        "client's delayed ACK of the first)"
+    )
     p50, p95, p99 = (latency.percentile(delays, q) for q in (0.50, 0.95, 0.99))
     print(
         f"\nA commit → NOTIFY → relay → HTTP → B's webhook (gunicorn) → NOTIFY → "
