@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-webhook bench-partitions bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-webhook flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-admin  the admin's pages and the health page and probe over 5 million rows per table on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
+	@echo "make flame  flame graphs (py-spy) of the relay and of jobs_worker into docs/img/"
 	@echo "make bench-webhook  the webhook under gunicorn against a bare INSERT, and commit → handled over HTTP"
 	@echo "make bench-tracing  what tracing costs send() and the relay: off, the API alone, the SDK (see docs/benchmarks.md)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
@@ -168,6 +169,10 @@ bench-partitions: $(VENV)/.installed
 
 # Jobs: jobs_worker (1 and 2 processes) against a Celery solo worker and django-tasks-db's
 # db_worker, enqueue against a bare INSERT and delay_on_commit, enqueue -> start latency.
+flame: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.flame relay --messages 100000 --out docs/img/flame-relay.svg
+	$(VENV)/bin/python -m tests.benchmarks.flame jobs --jobs 20000 --out docs/img/flame-jobs.svg
+
 bench-webhook: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 6000 --repeat 3 --rate 500 --seconds 10
 
