@@ -77,6 +77,40 @@ def service_env(database: str, settings: dict) -> dict[str, str]:
     return env
 
 
+def run_producers(rate: float, seconds: float, settings: dict) -> dict[str, float]:
+    """Service A's ``PRODUCERS`` producer processes at *rate* in all for *seconds*, with
+    *settings*: the commit time of each message, by message id."""
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    producers = [
+        context.Process(target=produce, args=(rate / latency.PRODUCERS, seconds, results, settings))
+        for _ in range(latency.PRODUCERS)
+    ]
+    for process in producers:
+        process.start()
+    committed: dict[str, float] = {}
+    for _ in producers:
+        committed.update(results.get(timeout=seconds + 120))
+    for process in producers:
+        process.join()
+    return committed
+
+
+def wait_handled(database: str, count: int, timeout: float = 60) -> dict[str, float]:
+    """When the handler ran for each message (by message id), read from service B's
+    *database* until *count* are there or *timeout* seconds have passed."""
+    handled: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(handled) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+        with psycopg.connect(database) as b:
+            rows = b.execute(
+                "SELECT order_ref, sequence FROM shop_payment WHERE status = 'latency'"
+            ).fetchall()
+        handled = {ref: micros / 1_000_000 for ref, micros in rows}
+    return handled
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=500)
@@ -116,30 +150,8 @@ def main() -> int:
     )
     try:
         time.sleep(3)  # both are up
-        context = multiprocessing.get_context("spawn")
-        results: multiprocessing.Queue = context.Queue()
-        producers = [
-            context.Process(
-                target=produce, args=(args.rate / latency.PRODUCERS, args.seconds, results)
-            )
-            for _ in range(latency.PRODUCERS)
-        ]
-        for process in producers:
-            process.start()
-        committed: dict[str, float] = {}
-        for _ in producers:
-            committed.update(results.get(timeout=args.seconds + 120))
-        for process in producers:
-            process.join()
-        handled: dict[str, float] = {}
-        deadline = time.monotonic() + 60
-        while len(handled) < len(committed) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            with psycopg.connect(b_side.BENCH_DB) as b:
-                rows = b.execute(
-                    "SELECT order_ref, sequence FROM shop_payment WHERE status = 'latency'"
-                ).fetchall()
-            handled = {ref: micros / 1_000_000 for ref, micros in rows}
+        committed = run_producers(args.rate, args.seconds, A_SETTINGS)
+        handled = wait_handled(b_side.BENCH_DB, len(committed))
     finally:
         for process in (relay, consumer):
             process.terminate()

@@ -29,7 +29,6 @@ import argparse
 import http.client
 import itertools
 import json
-import multiprocessing
 import os
 import platform
 import socket
@@ -214,31 +213,8 @@ def commit_to_handled(rate: float, seconds: float) -> list[float]:
     )
     try:
         time.sleep(3)  # every process is up
-        context = multiprocessing.get_context("spawn")
-        results: multiprocessing.Queue = context.Queue()
-        producers = [
-            context.Process(
-                target=inbox_latency.produce,
-                args=(rate / latency.PRODUCERS, seconds, results, A_SETTINGS),
-            )
-            for _ in range(latency.PRODUCERS)
-        ]
-        for process in producers:
-            process.start()
-        committed: dict[str, float] = {}
-        for _ in producers:
-            committed.update(results.get(timeout=seconds + 120))
-        for process in producers:
-            process.join()
-        handled: dict[str, float] = {}
-        deadline = time.monotonic() + 60
-        while len(handled) < len(committed) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            with psycopg.connect(B_DB) as b:
-                rows = b.execute(
-                    "SELECT order_ref, sequence FROM shop_payment WHERE status = 'latency'"
-                ).fetchall()
-            handled = {ref: micros / 1_000_000 for ref, micros in rows}
+        committed = inbox_latency.run_producers(rate, seconds, A_SETTINGS)
+        handled = inbox_latency.wait_handled(B_DB, len(committed))
     finally:
         for process in (relay, worker, server):
             process.terminate()

@@ -36,13 +36,15 @@ def make_rows():
 
 
 def fetched(model):
-    """Each row of *model* as its claim reads it: every concrete field, in order."""
+    """Each row of *model* as its claim reads it (every concrete field, in the model's
+    order), by primary key."""
     fields = model._meta.concrete_fields
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
         lease.fast_timestamps(cursor, connection)
-        cursor.execute(f"SELECT {columns} FROM {table} ORDER BY 1")
+        pk = connection.ops.quote_name(model._meta.pk.column)
+        cursor.execute(f"SELECT {columns} FROM {table} ORDER BY {pk}")
         records = cursor.fetchall()
     converted = []
     for record in records:
