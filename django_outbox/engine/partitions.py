@@ -37,7 +37,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, models, transaction
 
-from django_outbox.engine import faults
+from django_outbox.engine import faults, vacuum
 
 logger = logging.getLogger("django_outbox.partitions")
 
@@ -241,9 +241,16 @@ def _create_partition(
     table = model._meta.db_table
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%s) TO (%s)",
+            f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%s) TO (%s)"
+            f"{_storage(table)}",
             [lower, upper],
         )
+
+
+def _storage(table: str) -> str:
+    """The ``WITH (…)`` of a new partition of *table*: a queue table's partitions are
+    vacuumed by dead rows (``engine.vacuum``), as the plain table is."""
+    return f" {vacuum.clause()}" if table in vacuum.QUEUE_TABLES else ""
 
 
 def _legacy(table: str) -> str:
@@ -523,14 +530,17 @@ def convert(
             [cutover],
         )
         default = _short(f"{table}_default")
-        cursor.execute(f"CREATE TABLE {q(default)} PARTITION OF {q(table)} DEFAULT")
+        cursor.execute(
+            f"CREATE TABLE {q(default)} PARTITION OF {q(table)} DEFAULT{_storage(table)}"
+        )
         last = max(step(now, interval, ahead + 1), step(cutover, interval, 1))
         lower = cutover
         while lower < last:
             upper = step(lower, interval)
             name = partition_name(table, lower, interval)
             cursor.execute(
-                f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%s) TO (%s)",
+                f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%s) TO (%s)"
+                f"{_storage(table)}",
                 [lower, upper],
             )
             created.append(name)
