@@ -515,6 +515,143 @@ def fenced(model: type[M], lease: Lease, running_state: str, using: str) -> mode
     return model._default_manager.using(using).filter(lock_token=lease.token, state=running_state)
 
 
+@dataclass(frozen=True, slots=True)
+class FencedRows:
+    """The rows still held under a lease, as ``fenced`` selects them, without building
+    the queryset until a statement needs the ORM.
+
+    On PostgreSQL the UPDATE that records a group's shared values (every row of a batch
+    that finished alike) is compiled once per shape of values and run with fresh
+    parameters (``update``). A profile of ``outbox_relay`` at a steady 300 items/s, a
+    few rows a wake, found recording at 47 % of its CPU, most of it Django building,
+    resolving and compiling the same UPDATE (and the fence's queryset) every time.
+    """
+
+    model: type[models.Model]
+    token: uuid.UUID
+    running_state: str
+    using: str
+
+    @classmethod
+    def of(cls, model: type[models.Model], lease: Lease, running_state: str, using: str) -> Any:
+        return cls(model, lease.token, running_state, using)
+
+    @property
+    def db(self) -> str:
+        return self.using
+
+    def queryset(self) -> models.QuerySet[Any]:
+        return self.model._default_manager.using(self.using).filter(
+            lock_token=self.token, state=self.running_state
+        )
+
+    def update(self, ids: Sequence[Any], values: Mapping[str, Any]) -> int:
+        """Set *values* on the rows *ids* still held; returns how many were changed."""
+        statement = _record_statement(self.model, self.using, values)
+        if statement is None:
+            return with_ids(self.queryset(), ids).update(**values)
+        return statement.run(self, ids, values)
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordStatement:
+    """``UPDATE … SET … WHERE lock_token = %s AND state = %s AND pk = ANY(%s)``,
+    compiled for one shape of values: which fields, in which order, and the SQL of each
+    expression among them (an expression is part of the shape, a plain value is not)."""
+
+    sql: str
+    #: Per value, in order: its field (a plain value, prepared per run), or the
+    #: compiled parameters of its expression.
+    slots: tuple[tuple[Any, tuple[Any, ...] | None], ...]
+    token_field: Any
+
+    def run(self, rows: FencedRows, ids: Sequence[Any], values: Mapping[str, Any]) -> int:
+        connection = transaction.get_connection(rows.using)
+        params: list[Any] = []
+        for (field, compiled), value in zip(self.slots, values.values(), strict=True):
+            if compiled is not None:
+                params.extend(compiled)
+            else:
+                params.append(field.get_db_prep_save(value, connection=connection))
+        params.append(self.token_field.get_db_prep_value(rows.token, connection))
+        params.append(rows.running_state)
+        params.append(list(ids))
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            return int(cursor.rowcount)
+
+
+#: Compiled record statements by (model, database, shape of values); bounded: values
+#: whose expressions vary (a pinned clock's ``Value``) fall back to the ORM once full.
+_RECORDS: dict[tuple[Any, ...], _RecordStatement | None] = {}
+_RECORDS_MAX = 64
+
+
+def _record_statement(
+    model: type[models.Model], using: str, values: Mapping[str, Any]
+) -> _RecordStatement | None:
+    """The compiled statement for *values* (PostgreSQL only), or ``None``: then the ORM
+    writes it."""
+    connection = transaction.get_connection(using)
+    if connection.vendor != "postgresql":
+        return None
+    shape = tuple(
+        (name, repr(value) if hasattr(value, "resolve_expression") else None)
+        for name, value in values.items()
+    )
+    key = (model, using, shape)
+    try:
+        return _RECORDS[key]
+    except KeyError:
+        pass
+    if len(_RECORDS) >= _RECORDS_MAX:
+        return None
+    _RECORDS[key] = statement = _compile_record(model, using, values, connection)
+    return statement
+
+
+def _compile_record(
+    model: type[models.Model], using: str, values: Mapping[str, Any], connection: Any
+) -> _RecordStatement | None:
+    from django.db.models.sql.subqueries import UpdateQuery
+
+    meta = model._meta
+    q = connection.ops.quote_name
+    query = UpdateQuery(model)
+    compiler = query.get_compiler(using=using)
+    assignments = []
+    slots: list[tuple[Any, tuple[Any, ...] | None]] = []
+    for name, value in values.items():
+        try:
+            field = meta.get_field(name)
+        except Exception:  # an attname, a typo: the ORM says what is wrong
+            return None
+        if (
+            not isinstance(field, models.Field)
+            or hasattr(field, "get_placeholder")
+            or not field.concrete
+            or field.is_relation
+        ):
+            return None  # its own SQL placeholder, a relation: the ORM knows them
+        if hasattr(value, "resolve_expression"):
+            resolved = value.resolve_expression(query, allow_joins=False, for_save=True)
+            if getattr(resolved, "contains_aggregate", False):
+                return None
+            sql, params = compiler.compile(resolved)
+            assignments.append(f"{q(field.column)} = {sql}")
+            slots.append((field, tuple(params)))
+        else:
+            assignments.append(f"{q(field.column)} = %s")
+            slots.append((field, None))
+    table = q(meta.db_table)
+    sql = (
+        f"UPDATE {table} SET {', '.join(assignments)} "
+        f"WHERE {table}.{q('lock_token')} = %s AND {table}.{q('state')} = %s "
+        f"AND {table}.{q(meta.pk.column)} = ANY(%s)"
+    )
+    return _RecordStatement(sql, tuple(slots), meta.get_field("lock_token"))
+
+
 def update_each(queryset: models.QuerySet[M], values: Mapping[Any, Mapping[str, Any]]) -> int:
     """Set per-row field values (``{pk: {field: value or expression}}``).
 

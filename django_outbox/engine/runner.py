@@ -36,6 +36,7 @@ from django_outbox.engine.lease import (
     IDS,
     ClaimStatement,
     Declared,
+    FencedRows,
     IdRuns,
     Lease,
     claim,
@@ -377,7 +378,7 @@ class Runner:
             changes = [transitions.Change(row, done, shared, shared=shared) for row in rows]
         else:
             changes = [decisions.decide(row, outcomes[row.pk]) for row in rows]
-        held = fenced(part.model, lease, self.running, self.using)
+        held = FencedRows.of(part.model, lease, self.running, self.using)
 
         def write() -> transitions.Applied:
             # Each UPDATE is fenced and stands alone; parking or freeing a key goes with

@@ -256,16 +256,28 @@ def release_values(part: Part) -> dict[str, Any]:
     return {"state": part.lifecycle.ready, **LEASE_CLEARED, "attempt_open": False}
 
 
-def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> Applied:
+def apply(part: Part, held: Any, changes: Sequence[Change]) -> Applied:
     """Write *changes* to the rows of *held* (the rows the writer still holds: a lease
-    token, a state); park the keys of keyed rows that failed and free those of rows that
-    finished. Run it inside a transaction when it writes more than one statement."""
+    token, a state; a queryset, or ``lease.FencedRows``); park the keys of keyed rows
+    that failed and free those of rows that finished. Run it inside a transaction when it
+    writes more than one statement."""
     from django_outbox.engine import ordering
-    from django_outbox.engine.lease import update_each, with_ids
+    from django_outbox.engine.lease import FencedRows, update_each, with_ids
 
     applied = Applied()
     if not changes:
         return applied
+    fence = held if isinstance(held, FencedRows) else None
+    made: list[models.QuerySet[Any]] = []
+
+    def rows_held() -> models.QuerySet[Any]:
+        # Built when a statement needs the ORM: the common record never does.
+        if fence is None:
+            return held  # type: ignore[no-any-return]
+        if not made:
+            made.append(fence.queryset())
+        return made[0]
+
     parking: list[Any] = []
     freeing: list[Any] = []
     if part.ordering is not None:
@@ -280,7 +292,7 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
             # (its lease taken over, the row finished by another) changes nothing,
             # its keys included. Locked until the writes, so no rescue comes between.
             ids = [row.pk for row in (*parking, *freeing)]
-            rows = with_ids(held, ids)
+            rows = with_ids(rows_held(), ids)
             if transaction.get_connection(held.db).in_atomic_block:
                 rows = rows.select_for_update()
             still = set(rows.values_list("pk", flat=True))
@@ -304,11 +316,14 @@ def apply(part: Part, held: models.QuerySet[Any], changes: Sequence[Change]) -> 
             each[change.row.pk] = change.values
     written = 0
     for values, ids in shared.values():
-        if len(ids) == 1:
+        if fence is not None:
+            written += fence.update(ids, values)  # compiled once on PostgreSQL
+        elif len(ids) == 1:
             each[ids[0]] = values
         else:
-            written += with_ids(held, ids).update(**values)
-    written += update_each(held, each)
+            written += with_ids(rows_held(), ids).update(**values)
+    if each:
+        written += update_each(rows_held(), each)
     # Freed first: a batch that finishes one failed head of a key and fails a later
     # one parks the key again behind the later one (the other way round, the freeing
     # would release what the parking had just parked).
