@@ -3,9 +3,9 @@
 Every claim scans a due index (``outbox_msg_due_idx``, ``outbox_job_due_idx``, …) from
 its start. Each row that leaves the due state leaves its index entry behind, dead,
 and only VACUUM takes it out: until then each claim walks over the dead entries of
-every row processed since the last vacuum. In an eight-minute soak of about 500 items/s
-with no vacuum (``tests/benchmarks/soak.py``), the index blocks read per job claimed grew
-from 3 to 30, and a job's commit → done p50 from 30 to 128 ms.
+every row processed since the last vacuum. In an eight-minute soak of about 640 items/s
+with no vacuum (``tests/benchmarks/soak.py``), the blocks one job claim's scan read grew
+from 31 to 415, about 50 more a minute, without bound.
 
 PostgreSQL's default vacuums a table once a fifth of its rows are dead
 (``autovacuum_vacuum_scale_factor`` 0.2): with 5 million finished rows kept, a
