@@ -5,12 +5,14 @@ in the tables (as the workers would have left them), at times relative to a pinn
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
+from django_outbox.engine import clock
 from django_outbox.engine.models import MinuteCount, SweepMark, Worker
 from django_outbox.inbox.models import InboxMessage, InboxState
 from django_outbox.jobs.models import Job, JobBatch, JobState, Resolution
@@ -98,14 +100,31 @@ def open_batch(now: datetime) -> JobBatch:
 
 
 def pinned_now() -> datetime:
-    """A moment a little after the current time, to the microsecond."""
+    """The current time, to the microsecond."""
     return timezone.now()
+
+
+def early_in_a_minute(needed: float = 30) -> datetime:
+    """The current time, at least *needed* seconds before its minute ends: waits for
+    the next minute when fewer are left.
+
+    For a page rendered seconds after its rows were made (a browser logs in first): a
+    minute that turns in between moves every count of its chart one minute to the
+    left. The page reads the database's clock, and judges holders by it in SQL, so
+    the clock cannot be pinned: the test starts early in a minute instead."""
+    moment = clock.read_now("default")
+    left = 60 - moment.timestamp() % 60
+    if left < needed:
+        time.sleep(left + 0.05)
+        moment = clock.read_now("default")
+    return moment
 
 
 __all__ = [
     "Resolution",
     "ago",
     "counted",
+    "early_in_a_minute",
     "failed_job",
     "inbox",
     "job",
