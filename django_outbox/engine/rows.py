@@ -46,8 +46,9 @@ def instance_builder(
         state = state_class()
         state.adding = False
         state.db = using
-        instance.__dict__ = dict(zip(keys, values, strict=True))
-        instance._state = state
+        fields = instance.__dict__  # filled in place: a new dict swapped in costs more
+        fields.update(zip(keys, values, strict=True))
+        fields["_state"] = state
         return instance
 
     return build

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from json.encoder import encode_basestring as quote
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -42,6 +43,9 @@ class Envelope:
     user_headers: Mapping[str, str] = field(default_factory=dict)
     #: The payload's JSON text as read from the database, when available.
     payload_json: str | None = None
+    #: ``str(message_id)``, made once per message when the envelope is built from a row
+    #: (the headers and the Redis transport's properties both need it).
+    message_id_text: str | None = None
 
     @classmethod
     def from_message(cls, message: OutboxMessage) -> Envelope:
@@ -58,7 +62,12 @@ class Envelope:
             attempt=message.attempts,
             user_headers=message.headers or {},
             payload_json=message.__dict__.get("payload_json"),
+            message_id_text=str(message.message_id),
         )
+
+    def id_text(self) -> str:
+        """The message id as text."""
+        return self.message_id_text or str(self.message_id)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -71,7 +80,7 @@ class Envelope:
             if user
             else {}
         )
-        message_id = str(self.message_id)
+        message_id = self.id_text()
         headers[HEADER_MESSAGE_ID] = message_id
         headers[HEADER_TYPE] = self.type
         headers[HEADER_CORRELATION_ID] = self.correlation_id or message_id
@@ -82,6 +91,28 @@ class Envelope:
         if self.created_at is not None:
             headers[HEADER_CREATED_AT] = self.created_at.isoformat()
         return headers
+
+    def headers_json(self) -> str:
+        """``headers`` as the text of a JSON object, written directly.
+
+        Without user headers, each value the standard headers may hold is quoted only
+        where it can need it (a type, a key, a correlation id): the names are constant,
+        the id is hex digits and dashes, the numbers digits and the time ISO 8601. On
+        the Redis relay's path this halves the cost of the headers."""
+        if self.user_headers:
+            pairs = (f"{quote(k)}:{quote(v)}" for k, v in self.headers.items())
+            return "{" + ",".join(pairs) + "}"
+        message_id = self.id_text()
+        text = (
+            f'{{"{HEADER_MESSAGE_ID}":"{message_id}","{HEADER_TYPE}":{quote(self.type)},'
+            f'"{HEADER_CORRELATION_ID}":{quote(self.correlation_id or message_id)},'
+            f'"{HEADER_ATTEMPT}":"{self.attempt}"'
+        )
+        if self.key is not None:
+            text += f',"{HEADER_KEY}":{quote(self.key)},"{HEADER_SEQUENCE}":"{self.sequence}"'
+        if self.created_at is not None:
+            text += f',"{HEADER_CREATED_AT}":"{self.created_at.isoformat()}"'
+        return text + "}"
 
     def body(self) -> bytes:
         """The payload as UTF-8 JSON (the stored text when the claim kept it)."""

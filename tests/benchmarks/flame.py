@@ -44,11 +44,12 @@ def relay(messages: int, out: str) -> None:
 
 def drain(messages: int) -> None:
     """The recorded process of ``relay``: drain the backlog, as the benchmark does."""
-    from django_outbox.engine.loop import settle_heap
     from tests.benchmarks import relay as harness
 
     harness.setup_django()
     harness.configure()
+    from django_outbox.engine.loop import settle_heap  # a model import: after setup
+
     settle_heap()
     rate = harness.run_outbox_relay(messages, "bench-redis")
     print(f"drained {messages} messages at {rate:,.0f}/s (under py-spy)")

@@ -47,10 +47,12 @@ def reference(pub, envelope, tag):
 
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("routing_key", [None, "orders.{type}.{key}"])
-def test_encoded_message_reads_back_as_the_reference(text, routing_key):
+@pytest.mark.parametrize("user_headers", [True, False], ids=["user-headers", "standard-only"])
+def test_encoded_message_reads_back_as_the_reference(text, routing_key, user_headers):
     pub = publisher(routing_key=routing_key) if routing_key else publisher()
+    message_id = uuid.uuid4()
     envelope = Envelope(
-        message_id=uuid.uuid4(),
+        message_id=message_id,
         type=f"order.{text}",
         destination="d",
         payload={"note": text},
@@ -58,9 +60,10 @@ def test_encoded_message_reads_back_as_the_reference(text, routing_key):
         key=f"k{text}",
         sequence=7,
         correlation_id=text or None,
-        created_at=datetime(2026, 11, 27, 12, 0, tzinfo=UTC),
+        created_at=datetime(2026, 11, 27, 12, 0, 0, 123456, tzinfo=UTC),
         attempt=3,
-        user_headers={f"x-{text}": text, "tenant": "acme"},
+        user_headers={f"x-{text}": text, "tenant": "acme"} if user_headers else {},
+        message_id_text=str(message_id),
     )
     encoded = pub.encode(envelope)
     decoded = json.loads(encoded)
@@ -68,6 +71,28 @@ def test_encoded_message_reads_back_as_the_reference(text, routing_key):
     assert decoded == reference(pub, envelope, tag)
     assert json.loads(decoded["body"]) == {"note": text}
     encoded.encode("utf-8")  # what publish() sends
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"key": None, "sequence": None},
+        {"created_at": None},
+        {"key": "k", "sequence": 12, "correlation_id": "c-1"},
+        {"user_headers": {"Outbox-Type": "forged", "x-trace": "1"}},
+    ],
+    ids=["minimal", "no-key", "no-created-at", "keyed", "user-header-named-as-standard"],
+)
+def test_the_headers_json_is_the_headers(fields):
+    envelope = Envelope(
+        message_id=uuid.uuid4(),
+        type="order.created",
+        destination="d",
+        payload=1,
+        **{"created_at": datetime(2026, 11, 28, 3, 0, tzinfo=UTC), **fields},
+    )
+    assert json.loads(envelope.headers_json()) == envelope.headers
 
 
 def test_delivery_tags_are_unique_per_publish():

@@ -415,13 +415,13 @@ class _RedisPublisher(_Publisher):
         channel reads as-is: no base64 round trip on either side. The delivery tag is
         unique per publish (kombu tracks unacked deliveries by tag): a random prefix
         per publisher and a counter, no system call per message."""
-        message_id = str(envelope.message_id)
-        headers = ",".join(f"{quote(k)}:{quote(v)}" for k, v in envelope.headers.items())
+        message_id = envelope.id_text()
         return (
             f'{{"body":{quote(envelope.body_text())},"content-encoding":"utf-8",'
-            f'"content-type":"application/json","headers":{{{headers}}},"properties":{{'
+            f'"content-type":"application/json","headers":{envelope.headers_json()},'
+            f'"properties":{{'
             f'"delivery_tag":"{self._tag_prefix}.{next(self._tags)}","delivery_mode":2,'
-            f'"priority":0,"message_id":{quote(message_id)},'
+            f'"priority":0,"message_id":"{message_id}",'
             f'"correlation_id":{quote(envelope.correlation_id or message_id)},'
             f'"type":{quote(envelope.type)},"delivery_info":{{"exchange":"",'
             f'"routing_key":{quote(self.route(envelope))}}}}}}}'
