@@ -229,7 +229,7 @@ class ClaimStatement:
 
     def parameters(self, lease: Lease, ids: Sequence[Any] | None = None) -> list[Any]:
         """The statement's parameters for a claim under *lease* (of *ids*)."""
-        fill = {id(_TOKEN): lease.token, id(_WORKER): lease.worker, id(IDS): list(ids or ())}
+        fill = {id(_TOKEN): lease.token, id(_WORKER): lease.worker, id(IDS): id_array(ids or ())}
         return [fill.get(id(p), p) for p in self.params]
 
     def run(self, lease: Lease, ids: Sequence[Any] | None = None) -> list[Any]:
@@ -241,20 +241,44 @@ class ClaimStatement:
             cursor.execute(self.sql, params)
             records = cursor.fetchall()
         names = [f.attname for f in self.fields]
-        converters = [(i, f) for i, f in enumerate(self.fields) if hasattr(f, "from_db_value")]
+        # Per converted field: its index, the attribute keeping its JSON text (JSON
+        # fields: a transport can send it as-is), and whether ``json.loads`` alone
+        # decodes it (Django's ``from_db_value`` with no decoder of its own).
+        converters = [
+            (
+                i,
+                f,
+                f"{f.attname}_json" if isinstance(f, models.JSONField) else None,
+                isinstance(f, models.JSONField) and f.decoder is None,
+            )
+            for i, f in enumerate(self.fields)
+            if hasattr(f, "from_db_value")
+        ]
         build = instance_builder(self.model, self.using, names)
+        loads = json.loads
         rows = []
         for record in records:
             values = list(record)
             raw = {}
-            for i, field in converters:
-                if isinstance(field, models.JSONField):
-                    # Keep the JSON text too: a transport can send it as-is.
-                    raw[f"{field.attname}_json"] = values[i]
-                    if values[i] == "{}":  # most headers: skip the decoder
+            for i, field, kept, plain_json in converters:
+                value = values[i]
+                if kept is not None:
+                    raw[kept] = value
+                    if value is None:
+                        continue  # SQL NULL
+                    if value == "{}":  # most headers and keyword arguments
                         values[i] = {}
                         continue
-                values[i] = field.from_db_value(values[i], None, connection)
+                    if value == "[]":  # most arguments, errors and workers
+                        values[i] = []
+                        continue
+                    if plain_json and type(value) is str:
+                        try:
+                            values[i] = loads(value)
+                        except json.JSONDecodeError:  # as Django's: the text as it is
+                            values[i] = value
+                        continue
+                values[i] = field.from_db_value(value, None, connection)
             row = build(values)
             row.__dict__.update(
                 raw, state=self.running_state, lock_token=lease.token, claimed_by=lease.worker
@@ -503,7 +527,29 @@ def with_ids(queryset: models.QuerySet[M], ids: Sequence[Any]) -> models.QuerySe
     q = connection.ops.quote_name
     column = f"{q(meta.db_table)}.{q(meta.pk.column)}"
     # ``IDS`` stays itself: a prepared claim fills it in per run.
-    return queryset.extra(where=[f"{column} = ANY(%s)"], params=[ids if ids is IDS else list(ids)])
+    where = f"{column} = ANY(%s{array_cast(meta.pk, connection)})"
+    return queryset.extra(where=[where], params=[ids if ids is IDS else id_array(ids)])
+
+
+def array_cast(pk: Any, connection: Any) -> str:
+    """The cast that makes an ``id_array`` parameter an array of *pk*'s column type."""
+    return f"::{pk.db_type(connection)}[]"
+
+
+def id_array(ids: Sequence[Any]) -> Any:
+    """Primary keys *ids* as one PostgreSQL array parameter (see ``array_cast``): for
+    integer and UUID keys, the array's text (``{1,2,3}``), which psycopg passes as one
+    string. Django's cursors bind parameters on the client, where psycopg quotes a list
+    element by element in Python: 500 ids cost more than the UPDATE they select (a
+    profile of the jobs' record). Any other key goes as a list."""
+    kinds = {type(pk) for pk in ids}
+    if kinds <= _ARRAY_TEXT_TYPES:
+        return "{" + ",".join(map(str, ids)) + "}"
+    return list(ids)
+
+
+#: Key types whose ``str()`` is their PostgreSQL array element as it is.
+_ARRAY_TEXT_TYPES = {int, uuid.UUID}
 
 
 def fenced(model: type[M], lease: Lease, running_state: str, using: str) -> models.QuerySet[M]:
@@ -572,17 +618,19 @@ class _RecordStatement:
             if compiled is not None:
                 params.extend(compiled)
             else:
+                if type(value) is Value:
+                    value = value.value  # a value of the field's type (``_plain_value``)
                 params.append(field.get_db_prep_save(value, connection=connection))
         params.append(self.token_field.get_db_prep_value(rows.token, connection))
         params.append(rows.running_state)
-        params.append(list(ids))
+        params.append(id_array(ids))
         with connection.cursor() as cursor:
             cursor.execute(self.sql, params)
             return int(cursor.rowcount)
 
 
 #: Compiled record statements by (model, database, shape of values); bounded: values
-#: whose expressions vary (a pinned clock's ``Value``) fall back to the ORM once full.
+#: whose expressions vary fall back to the ORM once full.
 _RECORDS: dict[tuple[Any, ...], _RecordStatement | None] = {}
 _RECORDS_MAX = 64
 
@@ -595,8 +643,14 @@ def _record_statement(
     connection = transaction.get_connection(using)
     if connection.vendor != "postgresql":
         return None
+    meta = model._meta
     shape = tuple(
-        (name, repr(value) if hasattr(value, "resolve_expression") else None)
+        (
+            name,
+            repr(value)
+            if hasattr(value, "resolve_expression") and not _plain_value(meta, name, value)
+            else None,
+        )
         for name, value in values.items()
     )
     key = (model, using, shape)
@@ -608,6 +662,19 @@ def _record_statement(
         return None
     _RECORDS[key] = statement = _compile_record(model, using, values, connection)
     return statement
+
+
+def _plain_value(meta: Any, name: str, value: Any) -> bool:
+    """Whether *value* is a bare ``Value`` of field *name*'s own type (a time read once
+    and written as it is, ``clock.now(moment)``): a parameter like a plain value, not a
+    new statement per moment (each would fill the cache, then go through the ORM)."""
+    if type(value) is not Value:
+        return False
+    output = getattr(value, "_output_field_or_none", None)
+    try:
+        return output is not None and type(output) is type(meta.get_field(name))
+    except Exception:
+        return False
 
 
 def _compile_record(
@@ -633,7 +700,7 @@ def _compile_record(
             or field.is_relation
         ):
             return None  # its own SQL placeholder, a relation: the ORM knows them
-        if hasattr(value, "resolve_expression"):
+        if hasattr(value, "resolve_expression") and not _plain_value(meta, name, value):
             resolved = value.resolve_expression(query, allow_joins=False, for_save=True)
             if getattr(resolved, "contains_aggregate", False):
                 return None
@@ -647,7 +714,7 @@ def _compile_record(
     sql = (
         f"UPDATE {table} SET {', '.join(assignments)} "
         f"WHERE {table}.{q('lock_token')} = %s AND {table}.{q('state')} = %s "
-        f"AND {table}.{q(meta.pk.column)} = ANY(%s)"
+        f"AND {table}.{q(meta.pk.column)} = ANY(%s{array_cast(meta.pk, connection)})"
     )
     return _RecordStatement(sql, tuple(slots), meta.get_field("lock_token"))
 
@@ -753,11 +820,12 @@ def comparable(value: Any) -> Any:
     """What decides whether two rows set the same value and may share an UPDATE: the
     value with its type (``True == 1`` in Python, not in a JSON column), and for JSON
     lists and dicts their canonical text."""
-    if type(value) is list and all(type(item) is str for item in value):
+    kind = type(value)
+    if kind is list and all(type(item) is str for item in value):
         return ("strings", tuple(value))  # the common case (worker ids), without JSON
-    if isinstance(value, list | dict):
+    if kind is dict or isinstance(value, list | dict):
         return ("json", json.dumps(value, sort_keys=True, default=str))
-    return (type(value), value)
+    return (kind, value)
 
 
 def _as_expression(value: Any, output: Any) -> Any:

@@ -87,7 +87,13 @@ class Change:
 
     @property
     def failed(self) -> bool:
-        return self.transition in FAILED
+        # ``is``, not ``in FAILED``: an Enum member's hash is computed in Python.
+        transition = self.transition
+        return (
+            transition is Transition.RETRY_LATER
+            or transition is Transition.DEAD_LETTER
+            or transition is Transition.HOLD
+        )
 
     @property
     def will_retry(self) -> bool:
@@ -339,10 +345,11 @@ def apply(part: Part, held: Any, changes: Sequence[Change]) -> Applied:
 def own_signature(own: Mapping[str, Any]) -> Any:
     """What decides whether two rows' own values are equal (``engine.lease``'s rule:
     values with their types, JSON by its canonical text); raises ``TypeError`` for an
-    expression."""
+    expression. Taken in the dict's order: a part makes its rows' own values in one
+    order, and two orders would only make two UPDATEs, never a wrong one."""
     from django_outbox.engine.lease import comparable
 
-    signature = tuple((name, comparable(value)) for name, value in sorted(own.items()))
+    signature = tuple([(name, comparable(value)) for name, value in own.items()])
     hash(signature)
     return signature
 
@@ -350,15 +357,52 @@ def own_signature(own: Mapping[str, Any]) -> Any:
 def bring_up_to_date(changes: Iterable[Change]) -> None:
     """Set on each change's row the values written (those known in Python: a database
     expression, ``now()`` or ``attempts + 1``, is left as the row had it), so hooks and
-    signals see the rows as recorded."""
+    signals see the rows as recorded.
+
+    The values a group's rows share are sorted out once per group, not once per row:
+    those that plain attributes hold go into the row's ``__dict__`` in one update (as
+    ``setattr`` would put them there), the others through ``setattr``."""
+    prepared: dict[int, tuple[dict[str, Any], list[tuple[str, Any]]]] = {}
     for change in changes:
         row = change.row
-        for name, value in change.values.items():
+        shared = change.shared
+        if shared is not None:
+            known = prepared.get(id(shared))
+            if known is None:
+                known = prepared[id(shared)] = _known_values(type(row), shared)
+            plain, others = known
+            row.__dict__.update(plain)
+            for name, value in others:
+                setattr(row, name, value)
+            values: Mapping[str, Any] = change.own or {}
+        else:
+            values = change.values
+        for name, value in values.items():
             if isinstance(value, Value):
                 value = value.value
             elif hasattr(value, "resolve_expression"):
                 continue
             setattr(row, name, value)
+
+
+def _known_values(
+    model: type, values: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """*values* known in Python (``Value`` unwrapped, expressions left out), split into
+    those a plain attribute holds (no descriptor of the class takes the assignment) and
+    the others."""
+    plain: dict[str, Any] = {}
+    others: list[tuple[str, Any]] = []
+    for name, value in values.items():
+        if isinstance(value, Value):
+            value = value.value
+        elif hasattr(value, "resolve_expression"):
+            continue
+        if hasattr(getattr(model, name, None), "__set__"):
+            others.append((name, value))  # a relation, a property: its setter decides
+        else:
+            plain[name] = value
+    return plain, others
 
 
 def rows_of(changes: Iterable[Change], *transitions: Transition) -> list[Any]:

@@ -483,24 +483,38 @@ def _key_problem(key: Any, path: str) -> str:
     )
 
 
-def to_result(job: Job, *, task: Any = None, backend: str | None = None) -> Any:
+def to_result(
+    job: Job,
+    *,
+    task: Any = None,
+    backend: str | None = None,
+    status: Any = None,
+    worker_ids: list[str] | None = None,
+) -> Any:
     """The ``TaskResult`` that *job* is (Django's class; our row behind it), read through
     the backend alias *backend* (default: the job's own). Its task is *task* if given,
-    otherwise the job's task as it was enqueued (``as_enqueued``)."""
+    otherwise the job's task as it was enqueued (``as_enqueued``); its *status* and
+    *worker_ids* are the job's unless given (a worker gives those of the attempt it
+    starts)."""
     alias = backend or job.backend
     if task is None:
         task = as_enqueued(load_task(job.task_path), job, alias)
-    errors = [
-        compat.TaskError(
-            exception_class_path=str(e.get("exception_class_path", "")),
-            traceback=str(e.get("traceback", "")),
-        )
-        for e in job.errors or []
-    ]
+    stored_errors = job.errors
+    errors = (
+        [
+            compat.TaskError(
+                exception_class_path=str(e.get("exception_class_path", "")),
+                traceback=str(e.get("traceback", "")),
+            )
+            for e in stored_errors
+        ]
+        if stored_errors
+        else []
+    )
     result = compat.TaskResult(
         task=task,
         id=str(job.result_id),
-        status=compat.TaskResultStatus(job.state),
+        status=_STATUSES[job.state] if status is None else status,
         enqueued_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -509,11 +523,15 @@ def to_result(job: Job, *, task: Any = None, backend: str | None = None) -> Any:
         kwargs=dict(job.kwargs or {}),
         backend=alias,
         errors=errors,
-        worker_ids=[str(w) for w in job.worker_ids or []],
+        worker_ids=[str(w) for w in job.worker_ids or []] if worker_ids is None else worker_ids,
     )
     if job.state == "SUCCESSFUL":
         compat.set_attribute(result, "_return_value", job.return_value)
     return result
+
+
+#: Django's status for each state a job row stores (they share their names).
+_STATUSES = {status.value: status for status in compat.TaskResultStatus}
 
 
 def as_enqueued(task: Any, job: Job, alias: str) -> Any:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 import time
 import traceback
 from collections import deque
@@ -59,6 +60,8 @@ BATCH_SECONDS = 2.0
 #: jobs (at least one job, at most ``MAX_WINDOW``).
 START_WINDOW_SECONDS = 0.01
 MAX_WINDOW = 500
+#: At most this many tasks as enqueued are kept per runner (``Running._task``).
+MAX_TASKS = 1024
 #: Exception class path recorded for an attempt whose worker died.
 WORKER_LOST = "django_outbox.jobs.WorkerLost"
 
@@ -95,8 +98,9 @@ class Running(Part):
         #: Jobs declared per window, and the mean job duration it follows (seconds).
         self._window = 1
         self._mean: float | None = None
-        #: The tasks this runner has loaded, by path.
+        #: The tasks this runner has loaded, by path; and as enqueued (``_task``).
         self._loaded: dict[str, Any] = {}
+        self._enqueued: dict[tuple[Any, ...], Any] = {}
 
     def due(self) -> models.QuerySet[Any]:
         due = super().due()
@@ -146,6 +150,10 @@ class Running(Part):
         window: deque[Job] = deque()
         declared: list[Job] = []
         ran = 0
+        # Spans: decided once a batch (asking OpenTelemetry per job cost more than the
+        # no-op job); a job with a parent context of its own always has its span.
+        traced = tracing.enabled()
+        spans_recorded = traced and tracing.recording()
         while waiting or window:
             now = time.monotonic()
             if self.stopping.is_set() or (ran and now >= stop_at):
@@ -170,7 +178,10 @@ class Running(Part):
             if not group:
                 group_started = time.monotonic()
             began = time.monotonic()
-            with tracing.running(row):  # the job's span, current while it runs
+            if traced and (spans_recorded or row.traceparent):
+                with tracing.running(row):  # the job's span, current while it runs
+                    group[row.pk] = outcome = self.run_one(row)
+            else:
                 group[row.pk] = outcome = self.run_one(row)
             self._pace(time.monotonic() - began)
             attempt.idle()
@@ -215,40 +226,31 @@ class Running(Part):
 
     def run_one(self, row: Job) -> Outcome:
         """Run one job; its outcome (``Done`` with the return value, or the failure)."""
-        from django_outbox.jobs import compat
-        from django_outbox.jobs.backend import as_enqueued, check_return_value, load_task, to_result
-
+        api = _api()
         try:
-            task = self._loaded.get(row.task_path)
-            if task is None:
-                # Once per path and runner: an import per job cost more than the job.
-                task = self._loaded[row.task_path] = load_task(row.task_path)
-            task = as_enqueued(task, row, row.backend)
+            task = self._task(row)
         except Exception as exc:
             return self._failed(row, exc, retry=False)
-        result = to_result(row, task=task)
         # What the job sees: RUNNING, this attempt counted (TaskContext.attempt).
-        compat.set_attribute(result, "status", compat.TaskResultStatus.RUNNING)
-        compat.set_attribute(result, "worker_ids", self._worker_ids(row))
+        result = api.to_result(row, task=task, status=api.RUNNING, worker_ids=self._worker_ids(row))
         # Kept: task_finished sends it again, brought up to what was recorded.
         row.task_result = result  # type: ignore[attr-defined]
-        _send_task_signal("task_started", result)
+        _send_task_signal(api.started, result)
         args = list(row.args)
         if task.takes_context:
-            args.insert(0, compat.TaskContext(task_result=result))
+            args.insert(0, api.compat.TaskContext(task_result=result))
         timed = metrics.enabled()
         if timed:
             metrics.counted("jobs", "started", row.queue_name)
             began = time.perf_counter()
         faults.point("jobs.in_job")
+        timeout = getattr(task, "timeout", None)
         try:
-            value = call_limited(
-                task,
-                args,
-                row.kwargs,
-                getattr(task, "timeout", None),
-                f"job {row.result_id} ({row.task_path})",
-            )
+            if timeout:
+                what = f"job {row.result_id} ({row.task_path})"
+                value = call_limited(task, args, row.kwargs, timeout, what)
+            else:
+                value = task.call(*args, **row.kwargs)
         except KeyboardInterrupt:
             # The worker is being stopped: the job goes back at once, uncounted.
             raise
@@ -262,12 +264,35 @@ class Running(Part):
             return self._failed(row, exc, retry=retry)
         if timed:
             setattr(row, metrics.STEP_SECONDS, time.perf_counter() - began)
-        try:
-            check_return_value(value, row.task_path)
-        except TypeError as exc:
-            # The job ran and its effects happened: running it again would repeat them.
-            return self._failed(row, exc, retry=False)
+        if value is not None:
+            try:
+                api.check_return_value(value, row.task_path)
+            except TypeError as exc:
+                # The job ran and its effects happened: running it again would repeat them.
+                return self._failed(row, exc, retry=False)
         return Done(value)
+
+    def _task(self, row: Job) -> Any:
+        """The task of *row* as it was enqueued (``backend.as_enqueued``); loaded once per
+        path, and made once per path, priority, queue and backend (a job due at a time
+        of its own is made each time: its ``run_after`` is its own)."""
+        api = _api()
+        if row.run_after is not None:
+            return api.as_enqueued(self._loaded_task(row.task_path), row, row.backend)
+        key = (row.task_path, row.priority, row.queue_name, row.backend)
+        task = self._enqueued.get(key)
+        if task is None:
+            task = api.as_enqueued(self._loaded_task(row.task_path), row, row.backend)
+            if len(self._enqueued) < MAX_TASKS:
+                self._enqueued[key] = task
+        return task
+
+    def _loaded_task(self, path: str) -> Any:
+        task = self._loaded.get(path)
+        if task is None:
+            # Once per path and runner: an import per job cost more than the job.
+            task = self._loaded[path] = _api().load_task(path)
+        return task
 
     def _failed(self, row: Job, exc: BaseException, *, retry: bool) -> Retry | Fail:
         tracing.record_failure(exc)
@@ -469,15 +494,43 @@ def _task_or_none(path: str) -> Any:
     return _TASKS[path]
 
 
-def _send_task_signal(name: str, result: Any) -> None:
+class _TasksApi:
+    """Django's Tasks API and our backend's helpers, imported once, on first use: this
+    module is imported wherever the engine's parts are, and the Tasks API is there only
+    when jobs are used (an import in a function is paid on every call)."""
+
+    def __init__(self) -> None:
+        from django_outbox.jobs import backend, compat
+
+        self.compat = compat
+        self.backend_class = backend.JobsBackend
+        self.to_result = backend.to_result
+        self.as_enqueued = backend.as_enqueued
+        self.load_task = backend.load_task
+        self.check_return_value = backend.check_return_value
+        self.started = compat.signals.task_started
+        self.finished = compat.signals.task_finished
+        self.RUNNING = compat.TaskResultStatus.RUNNING
+        self.statuses = {status.value: status for status in compat.TaskResultStatus}
+
+
+_API: _TasksApi | None = None
+
+
+def _api() -> _TasksApi:
+    global _API
+    if _API is None:
+        _API = _TasksApi()
+    return _API
+
+
+def _send_task_signal(signal: Any, result: Any) -> None:
     """Django's ``task_started`` / ``task_finished``, sent as Django's docs say: by the
     backend class (``sender=JobsBackend``)."""
-    from django_outbox.jobs import compat
-    from django_outbox.jobs.backend import JobsBackend
-
     try:
-        getattr(compat.signals, name).send(sender=JobsBackend, task_result=result)
+        signal.send(sender=_api().backend_class, task_result=result)
     except Exception:
+        name = "task_started" if signal is _api().started else "task_finished"
         logger.exception("a %s receiver raised", name)
 
 
@@ -486,52 +539,57 @@ def _send_finished(using: str, rows: Sequence[Any]) -> None:
     for good), with their results as stored: *rows* carry what was recorded (the runner
     brings them up to date). A failed attempt that will be retried has not finished: it
     sends ``job_failed``."""
-    from django_outbox.jobs import compat
-    from django_outbox.jobs.backend import JobsBackend, to_result
-
-    if not compat.signals.task_finished.has_listeners(JobsBackend):
+    api = _api()
+    if not api.finished.has_listeners(api.backend_class):
         return
     for job in rows:
         if job.state not in (JobState.SUCCESSFUL, JobState.FAILED):
             continue
         try:
-            result = _as_recorded(job) if hasattr(job, "task_result") else to_result(job)
+            result = _as_recorded(job) if hasattr(job, "task_result") else api.to_result(job)
         except Exception:
             logger.exception("could not build the result of job %s", job.result_id)
             continue
-        _send_task_signal("task_finished", result)
+        _send_task_signal(api.finished, result)
 
 
 def _as_recorded(job: Any) -> Any:
     """The result the job saw while it ran (its task, its arguments), as recorded now (a
     copy: the one sent with task_started stays as its receivers saw it)."""
-    from django_outbox.jobs import compat
-
-    result = _copy_result(job.task_result)
-    set_attribute = compat.set_attribute
-    set_attribute(result, "status", compat.TaskResultStatus(job.state))
-    set_attribute(result, "started_at", _value(job.started_at))
-    set_attribute(result, "finished_at", _value(job.finished_at))
-    set_attribute(result, "last_attempted_at", _value(job.last_attempted_at))
+    api = _api()
+    started = job.task_result
+    result = _copy_result(started)
+    set_attribute = object.__setattr__  # a frozen dataclass: as Django's backends do
+    # The runner brought the row up to date: its times are values (``_value`` for any
+    # left as expressions).
+    moments = job.started_at, job.finished_at, job.last_attempted_at
+    if any(moment is not None and type(moment) is not datetime for moment in moments):
+        moments = tuple(_value(moment) for moment in moments)
+    set_attribute(result, "status", api.statuses[job.state])
+    set_attribute(result, "started_at", moments[0])
+    set_attribute(result, "finished_at", moments[1])
+    set_attribute(result, "last_attempted_at", moments[2])
+    if job.state == JobState.SUCCESSFUL:
+        # A success adds no error, and its workers are those the start was sent with.
+        set_attribute(result, "_return_value", job.return_value)
+        return result
     set_attribute(result, "worker_ids", [str(w) for w in job.worker_ids or []])
     set_attribute(
         result,
         "errors",
         [
-            compat.TaskError(
+            api.compat.TaskError(
                 exception_class_path=str(e.get("exception_class_path", "")),
                 traceback=str(e.get("traceback", "")),
             )
             for e in job.errors or []
         ],
     )
-    if job.state == JobState.SUCCESSFUL:
-        set_attribute(result, "_return_value", job.return_value)
     return result
 
 
-#: Per result class, the slots a copy carries over.
-_SLOTS: dict[type, tuple[str, ...]] = {}
+#: Per result class, the slots a copy carries over, and a getter of them all.
+_SLOTS: dict[type, tuple[tuple[str, ...], Any]] = {}
 
 
 def _copy_result(result: Any) -> Any:
@@ -542,21 +600,35 @@ def _copy_result(result: Any) -> Any:
         copied = object.__new__(cls)
         copied.__dict__.update(result.__dict__)
         return copied
-    names = _SLOTS.get(cls)
-    if names is None:
-        names = _SLOTS[cls] = tuple(
+    known = _SLOTS.get(cls)
+    if known is None:
+        names = tuple(
             name
             for klass in cls.__mro__
             for name in getattr(klass, "__slots__", ())
             if name not in ("__dict__", "__weakref__")
         )
-    if not names:
+        known = _SLOTS[cls] = (names, operator.attrgetter(*names) if len(names) > 1 else None)
+    names, getter = known
+    if getter is None:
         return copy.copy(result)
+    try:
+        values = getter(result)
+    except AttributeError:  # a slot never set: copied one by one
+        return _copy_slots(result, names)
     copied = object.__new__(cls)
+    set_attribute = object.__setattr__
+    for name, value in zip(names, values, strict=True):
+        set_attribute(copied, name, value)
+    return copied
+
+
+def _copy_slots(result: Any, names: tuple[str, ...]) -> Any:
+    copied = object.__new__(type(result))
     for name in names:
         try:
             object.__setattr__(copied, name, getattr(result, name))
-        except AttributeError:  # a slot never set
+        except AttributeError:
             continue
     return copied
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import DateTimeField, F, Value
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -124,6 +124,37 @@ def test_jobs_with_their_own_return_values_are_recorded_with_them():
         job = Job.objects.get(result_id=result.id)
         assert job.state == JobState.SUCCESSFUL
         assert job.return_value == n + 1
+
+
+def test_a_time_read_once_is_a_parameter_not_a_new_statement(monkeypatch):
+    """Jobs record a time read from the database as a ``Value``: each group has its own
+    moment, and the statement must be the same (it once filled the cache with one
+    statement per moment, then went through the ORM)."""
+    from django_outbox.jobs.running import Jobs
+
+    compiled = []
+    original = lease._compile_record
+    monkeypatch.setattr(
+        lease, "_compile_record", lambda *args: compiled.append(args[2]) or original(*args)
+    )
+    for round_ in range(3):
+        with transaction.atomic():
+            results = [jobs.add.enqueue(n, round_) for n in range(2)]
+        Jobs().drain()
+        for n, result in enumerate(results):
+            job = Job.objects.get(result_id=result.id)
+            assert job.state == JobState.SUCCESSFUL and job.return_value == n + round_
+            assert job.finished_at is not None and job.finished_at >= job.started_at
+    assert len(compiled) == 1
+    assert len(lease._RECORDS) == 1
+
+
+def test_a_value_of_another_type_than_its_field_is_compiled():
+    moment = Value(timezone.now(), output_field=DateTimeField())
+    assert lease._plain_value(Job._meta, "finished_at", moment)
+    assert not lease._plain_value(Job._meta, "finished_at", Value("2026-11-28 06:00"))
+    assert not lease._plain_value(Job._meta, "last_error", moment)
+    assert not lease._plain_value(Job._meta, "finished_at", F("started_at"))
 
 
 def test_a_field_with_a_relation_falls_back_to_the_orm():
