@@ -273,6 +273,12 @@ def counted(part: str, name: str, label: str, number: int = 1) -> None:
         _child(get().extra[part, name], label).inc(number)
 
 
+def counter(part: str, name: str, label: str) -> Any:
+    """The counter of *part*'s own events *name* with *label* (metrics enabled), for a
+    caller that counts one event at a time on a hot path and keeps it."""
+    return _child(get().extra[part, name], label)
+
+
 #: (metric, label) -> the metric's child for that label: ``labels()`` takes a lock
 #: and builds a tuple (~0.7 µs), which per-row counts would pay each time.
 _children: dict[tuple[int, str], Any] = {}

@@ -89,10 +89,22 @@ class Held:
             self.since = time.monotonic()
         return started
 
-    def end_step(self) -> None:
-        """Nothing of the batch runs now (its outcomes are being recorded)."""
+    def begin_one(self, pk: Any) -> bool:
+        """``begin([pk])`` for one row (a job of a window, started as it comes): whether it
+        was still unstarted, and is now the running row."""
         with self.lock:
-            self.running = ()
+            if pk not in self.unstarted:
+                return False
+            self.unstarted.discard(pk)
+            self.running = (pk,)
+            self.since = time.monotonic()
+        return True
+
+    def end_step(self) -> None:
+        """Nothing of the batch runs now (its outcomes are being recorded). One
+        assignment, atomic without the lock: the heartbeat reads the running rows
+        before or after it, as it would around the lock."""
+        self.running = ()
 
     def take_unstarted(self, older_than: float) -> list[Any]:
         """The rows not started yet if the current step (or the wait) has lasted

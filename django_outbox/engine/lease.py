@@ -160,6 +160,10 @@ class _Placeholder(list):  # type: ignore[type-arg]
         return f"<{self.name}>"
 
 
+#: The columns a prepared claim sets to values its ``run`` knows (``locked_until`` is
+#: the database's time: read back).
+_SET_BY_CLAIM = frozenset({"state", "lock_token", "claimed_by"})
+
 #: Stand-ins for what changes between executions of one prepared claim.
 IDS = _Placeholder("ids")
 _TOKEN = _Placeholder("token")
@@ -213,7 +217,12 @@ class ClaimStatement:
         subquery = queryset.values("pk")[:limit].query
         select_sql, select_params = subquery.get_compiler(using=queryset.db).as_sql()
         # In the model's field order: Model.from_db() reads deferred rows positionally.
-        wanted = tuple(f for f in meta.concrete_fields if fields is None or f.attname in fields)
+        # The columns the claim sets are not read back: ``run`` knows their values.
+        wanted = tuple(
+            f
+            for f in meta.concrete_fields
+            if (fields is None or f.attname in fields) and f.attname not in _SET_BY_CLAIM
+        )
         columns = ", ".join(q(f.column) for f in wanted)
         until = clock.later(now if now is not None else clock.now(), seconds)
         until_sql, until_params = clock.sql_for(until, queryset)

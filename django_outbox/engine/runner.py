@@ -193,7 +193,7 @@ class LeaseAttempt:
 
     def begin(self, row: Any) -> bool:
         """The step starts on *row* now (declared ahead): False if it was handed back."""
-        if self.held.begin([row.pk]):
+        if self.held.begin_one(row.pk):
             return True
         self.pending.pop(row.pk, None)
         return False

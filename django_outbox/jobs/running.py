@@ -60,6 +60,8 @@ BATCH_SECONDS = 2.0
 #: jobs (at least one job, at most ``MAX_WINDOW``).
 START_WINDOW_SECONDS = 0.01
 MAX_WINDOW = 500
+#: The attribute a started job's row keeps its worker ids in, this attempt's included.
+ATTEMPT_WORKERS = "_django_outbox_attempt_workers"
 #: At most this many tasks as enqueued are kept per runner (``Running._task``).
 MAX_TASKS = 1024
 #: Exception class path recorded for an attempt whose worker died.
@@ -101,6 +103,8 @@ class Running(Part):
         #: The tasks this runner has loaded, by path; and as enqueued (``_task``).
         self._loaded: dict[str, Any] = {}
         self._enqueued: dict[tuple[Any, ...], Any] = {}
+        #: Per queue, the metric counting the jobs started (``metrics.counter``).
+        self._started_counters: dict[str, Any] = {}
 
     def due(self) -> models.QuerySet[Any]:
         due = super().due()
@@ -154,13 +158,16 @@ class Running(Part):
         # no-op job); a job with a parent context of its own always has its span.
         traced = tracing.enabled()
         spans_recorded = traced and tracing.recording()
+        monotonic = time.monotonic
+        stopping = self.stopping
+        now = started
         while waiting or window:
-            now = time.monotonic()
-            if self.stopping.is_set() or (ran and now >= stop_at):
+            if stopping.is_set() or (ran and now >= stop_at):
                 break  # the rest goes back, unattempted
             if group and (now - group_started >= GROUP_SECONDS or len(group) >= GROUP_SIZE):
                 yield group
                 group = {}
+                now = monotonic()
             if not window:
                 try:
                     declared = self._declare_window(waiting, failed_keys, attempt)
@@ -169,21 +176,23 @@ class Running(Part):
                     if group:
                         yield group  # what ran is recorded before the error goes up
                     raise
+                now = monotonic()
                 continue
             row = window.popleft()
             if row.serial_key is not None and row.serial_key in failed_keys:
                 continue  # declared, not run: given back uncounted
             if len(declared) > 1 and not attempt.begin(row):
                 continue  # handed back to another worker meanwhile
+            began = monotonic()
             if not group:
-                group_started = time.monotonic()
-            began = time.monotonic()
+                group_started = began
             if traced and (spans_recorded or row.traceparent):
                 with tracing.running(row):  # the job's span, current while it runs
                     group[row.pk] = outcome = self.run_one(row)
             else:
                 group[row.pk] = outcome = self.run_one(row)
-            self._pace(time.monotonic() - began)
+            now = monotonic()
+            self._pace(now - began)
             attempt.idle()
             ran += 1
             if not isinstance(outcome, Done) and row.serial_key is not None:
@@ -232,7 +241,9 @@ class Running(Part):
         except Exception as exc:
             return self._failed(row, exc, retry=False)
         # What the job sees: RUNNING, this attempt counted (TaskContext.attempt).
-        result = api.to_result(row, task=task, status=api.RUNNING, worker_ids=self._worker_ids(row))
+        workers = self._worker_ids(row)
+        row.__dict__[ATTEMPT_WORKERS] = workers  # recorded with the outcome (a copy)
+        result = api.to_result(row, task=task, status=api.RUNNING, worker_ids=list(workers))
         # Kept: task_finished sends it again, brought up to what was recorded.
         row.task_result = result  # type: ignore[attr-defined]
         _send_task_signal(api.started, result)
@@ -241,7 +252,12 @@ class Running(Part):
             args.insert(0, api.compat.TaskContext(task_result=result))
         timed = metrics.enabled()
         if timed:
-            metrics.counted("jobs", "started", row.queue_name)
+            started = self._started_counters.get(row.queue_name)
+            if started is None:
+                started = self._started_counters[row.queue_name] = metrics.counter(
+                    "jobs", "started", row.queue_name
+                )
+            started.inc()
             began = time.perf_counter()
         faults.point("jobs.in_job")
         timeout = getattr(task, "timeout", None)
@@ -311,6 +327,10 @@ class Running(Part):
 
     def _worker_ids(self, row: Job, worker: str | None = None) -> list[str]:
         """One entry per attempt, this one included (by *worker*, default this one)."""
+        if worker is None:
+            made = row.__dict__.get(ATTEMPT_WORKERS)
+            if made is not None:  # made as the attempt started (``run_one``)
+                return list(made)
         return [str(w) for w in row.worker_ids or []] + [worker or self.worker]
 
     def _attempt_values(
