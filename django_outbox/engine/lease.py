@@ -250,14 +250,17 @@ class ClaimStatement:
             cursor.execute(self.sql, params)
             records = cursor.fetchall()
         names = [f.attname for f in self.fields]
-        # Per converted field: its index, the attribute keeping its JSON text (JSON
-        # fields: a transport can send it as-is), and whether ``json.loads`` alone
-        # decodes it (Django's ``from_db_value`` with no decoder of its own).
+        # Per converted field: its index, whether it is JSON, the attribute keeping its
+        # JSON text if the model asks for it (``claim_keeps_json``: a transport sends it
+        # as stored), and whether ``json.loads`` alone decodes it (Django's
+        # ``from_db_value`` with no decoder of its own).
+        kept_json = getattr(self.model, "claim_keeps_json", ())
         converters = [
             (
                 i,
                 f,
-                f"{f.attname}_json" if isinstance(f, models.JSONField) else None,
+                isinstance(f, models.JSONField),
+                f"{f.attname}_json" if f.attname in kept_json else None,
                 isinstance(f, models.JSONField) and f.decoder is None,
             )
             for i, f in enumerate(self.fields)
@@ -269,10 +272,11 @@ class ClaimStatement:
         for record in records:
             values = list(record)
             raw = {}
-            for i, field, kept, plain_json in converters:
+            for i, field, is_json, kept, plain_json in converters:
                 value = values[i]
-                if kept is not None:
-                    raw[kept] = value
+                if is_json:
+                    if kept is not None:
+                        raw[kept] = value
                     if value is None:
                         continue  # SQL NULL
                     if value == "{}":  # most headers and keyword arguments
@@ -451,36 +455,28 @@ def declared_started(using: str, rows: Sequence[Any]) -> set[Any]:
 
 
 class IdRuns:
-    """The ids of the attempts a batch has started and not recorded, kept as runs of
-    consecutive integers so that adding one and writing them out cost little."""
+    """The ids of the attempts a batch has started and not recorded, written out as
+    runs of consecutive integers (``encode_ids``). Adding and removing cost a set's
+    operations: a batch records its groups by the hundred."""
 
     def __init__(self) -> None:
-        self.runs: list[list[Any]] = []
+        self.ids: set[Any] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.ids)
 
     def add(self, pk: Any) -> None:
-        runs = self.runs
-        if runs and isinstance(pk, int) and isinstance(runs[-1][1], int) and pk == runs[-1][1] + 1:
-            runs[-1][1] = pk
-        else:
-            runs.append([pk, pk])
+        self.ids.add(pk)
 
     def remove(self, ids: Sequence[Any]) -> None:
-        gone = set(ids)
-        kept = [pk for first, last in self.runs for pk in _expand(first, last) if pk not in gone]
-        self.runs = []
-        for pk in kept:
-            self.add(pk)
+        self.ids.difference_update(ids)
 
     def text(self) -> str:
-        return ",".join(
-            str(first) if first == last else f"{first}-{last}" for first, last in self.runs
-        )
-
-
-def _expand(first: Any, last: Any) -> Sequence[Any]:
-    if isinstance(first, int) and isinstance(last, int):
-        return range(first, last + 1)
-    return [first]
+        try:
+            ordered = sorted(self.ids)
+        except TypeError:  # keys that do not order: as they come
+            ordered = list(self.ids)
+        return encode_ids(ordered)
 
 
 def encode_ids(ids: Sequence[Any]) -> str:

@@ -188,7 +188,7 @@ class LeaseAttempt:
 
     def recorded(self, ids: Sequence[Any]) -> None:
         """The attempts of *ids* have their outcomes recorded: no longer open."""
-        if self.open_ids.runs:
+        if self.open_ids:
             self.open_ids.remove(ids)
 
     def begin(self, row: Any) -> bool:

@@ -243,7 +243,7 @@ class Running(Part):
         # What the job sees: RUNNING, this attempt counted (TaskContext.attempt).
         workers = self._worker_ids(row)
         row.__dict__[ATTEMPT_WORKERS] = workers  # recorded with the outcome (a copy)
-        result = api.to_result(row, task=task, status=api.RUNNING, worker_ids=list(workers))
+        result = api.started_result(row, task, api.RUNNING, list(workers))
         # Kept: task_finished sends it again, brought up to what was recorded.
         row.task_result = result  # type: ignore[attr-defined]
         _send_task_signal(api.started, result)
@@ -525,6 +525,7 @@ class _TasksApi:
         self.compat = compat
         self.backend_class = backend.JobsBackend
         self.to_result = backend.to_result
+        self.started_result = backend.started_result
         self.as_enqueued = backend.as_enqueued
         self.load_task = backend.load_task
         self.check_return_value = backend.check_return_value

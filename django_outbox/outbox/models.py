@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
@@ -57,6 +58,10 @@ class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
 
 class OutboxMessage(EngineRow):
     """One outgoing message, inserted in the caller's transaction by ``send()``."""
+
+    #: JSON fields whose text a claim keeps beside the value (``payload_json``): the
+    #: relay sends the payload as it was stored, without encoding it again.
+    claim_keeps_json: ClassVar[tuple[str, ...]] = ("payload",)
 
     id = models.BigAutoField(primary_key=True)
     message_id = models.UUIDField(
