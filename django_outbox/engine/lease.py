@@ -821,12 +821,15 @@ class PerRow(Expression):
         return "".join(parts), params
 
 
+_STR = {str}
+
+
 def comparable(value: Any) -> Any:
     """What decides whether two rows set the same value and may share an UPDATE: the
     value with its type (``True == 1`` in Python, not in a JSON column), and for JSON
     lists and dicts their canonical text."""
     kind = type(value)
-    if kind is list and all(type(item) is str for item in value):
+    if kind is list and set(map(type, value)) <= _STR:
         return ("strings", tuple(value))  # the common case (worker ids), without JSON
     if kind is dict or isinstance(value, list | dict):
         return ("json", json.dumps(value, sort_keys=True, default=str))

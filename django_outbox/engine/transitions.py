@@ -33,6 +33,7 @@ from django.db.models import F, Value
 
 from django_outbox.engine import clock
 from django_outbox.engine.backoff import backoff_delay
+from django_outbox.engine.lease import comparable
 from django_outbox.engine.outcomes import Defer, Done, Fail, Outcome, Retry, Skip, Uncertain
 from django_outbox.validation import storable
 
@@ -347,9 +348,14 @@ def own_signature(own: Mapping[str, Any]) -> Any:
     values with their types, JSON by its canonical text); raises ``TypeError`` for an
     expression. Taken in the dict's order: a part makes its rows' own values in one
     order, and two orders would only make two UPDATEs, never a wrong one."""
-    from django_outbox.engine.lease import comparable
-
-    signature = tuple([(name, comparable(value)) for name, value in own.items()])
+    parts: list[tuple[Any, ...]] = []
+    for name, value in own.items():
+        kind = type(value)
+        if kind is list or kind is dict:
+            parts.append((name, comparable(value)))
+        else:
+            parts.append((name, kind, value))  # ``comparable``'s rule, without the call
+    signature = tuple(parts)
     hash(signature)
     return signature
 
