@@ -499,18 +499,7 @@ def to_result(
     alias = backend or job.backend
     if task is None:
         task = as_enqueued(load_task(job.task_path), job, alias)
-    stored_errors = job.errors
-    errors = (
-        [
-            compat.TaskError(
-                exception_class_path=str(e.get("exception_class_path", "")),
-                traceback=str(e.get("traceback", "")),
-            )
-            for e in stored_errors
-        ]
-        if stored_errors
-        else []
-    )
+    errors = task_errors(job.errors)
     result = compat.TaskResult(
         task=task,
         id=str(job.result_id),
@@ -528,6 +517,19 @@ def to_result(
     if job.state == "SUCCESSFUL":
         compat.set_attribute(result, "_return_value", job.return_value)
     return result
+
+
+def task_errors(stored: list[dict[str, Any]] | None) -> list[Any]:
+    """Django's ``TaskError`` for each error a job row stores."""
+    if not stored:
+        return []
+    return [
+        compat.TaskError(
+            exception_class_path=str(e.get("exception_class_path", "")),
+            traceback=str(e.get("traceback", "")),
+        )
+        for e in stored
+    ]
 
 
 #: Django's status for each state a job row stores (they share their names).
@@ -552,7 +554,6 @@ def started_result(job: Job, task: Any, status: Any, worker_ids: list[str]) -> A
         kwargs = _json_copy(job.kwargs or {})
     except TypeError:
         return to_result(job, task=task, status=status, worker_ids=worker_ids)
-    stored_errors = job.errors
     result = object.__new__(compat.TaskResult)
     fill = object.__setattr__
     fill(result, "task", task)
@@ -565,19 +566,7 @@ def started_result(job: Job, task: Any, status: Any, worker_ids: list[str]) -> A
     fill(result, "args", args)
     fill(result, "kwargs", kwargs)
     fill(result, "backend", job.backend)
-    fill(
-        result,
-        "errors",
-        [
-            compat.TaskError(
-                exception_class_path=str(e.get("exception_class_path", "")),
-                traceback=str(e.get("traceback", "")),
-            )
-            for e in stored_errors
-        ]
-        if stored_errors
-        else [],
-    )
+    fill(result, "errors", task_errors(job.errors))
     fill(result, "worker_ids", worker_ids)
     fill(result, "_return_value", None)
     return result

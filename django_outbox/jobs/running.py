@@ -526,6 +526,7 @@ class _TasksApi:
         self.backend_class = backend.JobsBackend
         self.to_result = backend.to_result
         self.started_result = backend.started_result
+        self.task_errors = backend.task_errors
         self.as_enqueued = backend.as_enqueued
         self.load_task = backend.load_task
         self.check_return_value = backend.check_return_value
@@ -595,17 +596,7 @@ def _as_recorded(job: Any) -> Any:
         set_attribute(result, "_return_value", job.return_value)
         return result
     set_attribute(result, "worker_ids", [str(w) for w in job.worker_ids or []])
-    set_attribute(
-        result,
-        "errors",
-        [
-            api.compat.TaskError(
-                exception_class_path=str(e.get("exception_class_path", "")),
-                traceback=str(e.get("traceback", "")),
-            )
-            for e in job.errors or []
-        ],
-    )
+    set_attribute(result, "errors", api.task_errors(job.errors))
     return result
 
 
