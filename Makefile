@@ -68,8 +68,19 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python manage.py migrate -v0
 	$(VENV)/bin/python manage.py outbox_demo
 
-test: lint docs test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench-ci
-	@echo "all test stages passed"
+# Every stage in turn, each timed; the times are printed again at the end (and kept in
+# var/test-stages.txt), so a slow CI run shows which stage took the time.
+TEST_STAGES = lint docs test-postgres test-partitioned test-sqlite test-mariadb test-django6 \
+	test-chaos demo-ci bench-ci
+
+test: $(VENV)/.installed
+	@mkdir -p var; : > var/test-stages.txt; \
+	for stage in $(TEST_STAGES); do \
+		began=$$(date +%s); \
+		$(MAKE) --no-print-directory $$stage || { echo "stage $$stage failed"; cat var/test-stages.txt; exit 1; }; \
+		echo "$$stage: $$(( $$(date +%s) - began )) s" >> var/test-stages.txt; \
+	done; \
+	echo "all test stages passed; each took:"; cat var/test-stages.txt
 
 # The documentation site (mkdocs.yml, docs/): strict, so a warning, a broken link or
 # a missing anchor fails the build. The docs group is installed into .venv once.

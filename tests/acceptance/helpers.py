@@ -75,6 +75,16 @@ def finish(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: f
     return "".join(process.lines)  # type: ignore[attr-defined]
 
 
+def describe_outputs(names: list[str], outputs: list[str], lines: int = 40) -> str:
+    """The last *lines* lines each process printed, under its name: for a test's
+    failure message when processes stalled."""
+    parts = []
+    for name, output in zip(names, outputs, strict=True):
+        tail = output.splitlines()[-lines:]
+        parts.append(f"--- {name}, its last {len(tail)} lines:\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 def kombu_ids_in_redis(url: str, queue: str) -> list[str]:
     """Message ids of the kombu messages waiting in a Redis list, oldest first."""
     client = redis.Redis.from_url(url)

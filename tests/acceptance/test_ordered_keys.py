@@ -15,7 +15,7 @@ import django_outbox
 from django_outbox.engine.models import Worker
 from django_outbox.models import InboxMessage, InboxState
 from testproject.shop.models import OrderStatus, Payment
-from tests.acceptance.helpers import finish, read_as_it_comes, wait_for
+from tests.acceptance.helpers import describe_outputs, finish, read_as_it_comes, wait_for
 from tests.conftest import spawn_manage, subprocess_env
 
 pytestmark = [
@@ -158,19 +158,35 @@ def test_two_consumers_and_two_workers_keep_every_key_in_order_without_deadlocks
         for _ in range(2)
     ]
     outputs = []
+    stalled = None
+    finished = (InboxState.HANDLED, InboxState.SKIPPED)
     try:
         started = time.monotonic()
         total = publish_shuffled(amqp_url, queue_name)
-        finished = (InboxState.HANDLED, InboxState.SKIPPED)
-        wait_for(
-            lambda: InboxMessage.objects.filter(state__in=finished).count() == total,
-            timeout=90,
-            what="every message to be handled or skipped",
-        )
+        try:
+            wait_for(
+                lambda: InboxMessage.objects.filter(state__in=finished).count() == total,
+                timeout=90,
+                what="every message to be handled or skipped",
+            )
+        except AssertionError as exc:
+            stalled = exc
         took = time.monotonic() - started
         assert all(p.poll() is None for p in processes), "a process died"
     finally:
         outputs = [finish(p) for p in processes]
+    if stalled is not None:
+        # What was left, and what each process said, to tell a stall from a slow run.
+        left = InboxMessage.objects.exclude(state__in=finished).order_by("key", "sequence")
+        rows = list(
+            left.values_list(
+                "message_id", "state", "key", "sequence", "attempts", "available_at", "last_error"
+            )[:30]
+        )
+        raise AssertionError(
+            f"{stalled}: {left.count()} left, the first: {rows}\n"
+            + describe_outputs(["consume 1", "consume 2", "worker 1", "worker 2"], outputs)
+        )
     check_quiet(processes, outputs, before)
     check_strict_keys(KEYS, SEQUENCES)
     # latest: each key ends at its newest status; older arrivals were skipped, not lost.
