@@ -430,17 +430,22 @@ class Runner:
             transitions.bring_up_to_date(changes)
         result = self.result_class(fenced=fenced_out)
         telemetry.recorded(part, changes)
-        done = transitions.rows_of(changes, Transition.MARK_DONE)
+        # One pass: the done rows, and the failed changes (few) counted afterwards.
+        mark_done = Transition.MARK_DONE
+        done = []
+        failed = []
+        for change in changes:
+            if change.transition is mark_done:
+                done.append(change.row)
+            elif change.failed:
+                failed.append(change)
         result.done = len(done)
-        result.retried = sum(1 for c in changes if c.will_retry)
-        result.failed = sum(
-            1 for c in changes if c.transition in (Transition.DEAD_LETTER, Transition.HOLD)
-        )
+        result.retried = sum(1 for c in failed if c.will_retry)
+        result.failed = len(failed) - result.retried
         if done:
             part.on_done(done)
-        for change in changes:
-            if change.failed:
-                part.on_failed(change.row, change.error, change.will_retry)
+        for change in failed:
+            part.on_failed(change.row, change.error, change.will_retry)
         return result
 
     def release(self, rows: Sequence[Any], lease: Lease) -> int:

@@ -66,6 +66,11 @@ class Transition(enum.Enum):
     DEFER = "defer"
     RELEASE = "release"
 
+    # A member is equal only to itself, so the identity hash agrees with equality; it
+    # is computed in C, where ``Enum``'s own hashes the member's name in Python: every
+    # recorded row looks its transition up in a dict or a set at least once.
+    __hash__ = object.__hash__
+
 
 #: Transitions that record a failed attempt (signals, logs, metrics).
 FAILED = frozenset({Transition.RETRY_LATER, Transition.DEAD_LETTER, Transition.HOLD})

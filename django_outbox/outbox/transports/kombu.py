@@ -404,6 +404,9 @@ class _RedisPublisher(_Publisher):
         )
         self._tag_prefix = uuid.uuid4().hex
         self._tags = itertools.count()
+        pattern = self.routing_key or self.queue_name or "{type}"
+        #: The routing key as JSON text when it is the same for every message.
+        self._fixed_route = None if _has_placeholders(pattern) else quote(pattern)
 
     def encode(self, envelope: Envelope) -> str:
         """The message as kombu's Redis transport stores it: JSON text, written here
@@ -424,7 +427,7 @@ class _RedisPublisher(_Publisher):
             f'"priority":0,"message_id":"{message_id}",'
             f'"correlation_id":{quote(envelope.correlation_id or message_id)},'
             f'"type":{quote(envelope.type)},"delivery_info":{{"exchange":"",'
-            f'"routing_key":{quote(self.route(envelope))}}}}}}}'
+            f'"routing_key":{self._fixed_route or quote(self.route(envelope))}}}}}}}'
         )
 
     def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
