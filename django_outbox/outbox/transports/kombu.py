@@ -284,7 +284,9 @@ class _AmqpPublisher(_Publisher):
         return self._producer
 
     def _settle(self, tag: int, multiple: bool, error: RetryableError | None) -> None:
-        tags = [t for t in self._pending if t <= tag] if multiple else [tag]
+        # Tags were added in increasing order: the settled ones lead the dict, so a
+        # multiple ack's walk stops at the first one beyond *tag* (not the whole batch).
+        tags = list(itertools.takewhile(tag.__ge__, self._pending)) if multiple else [tag]
         for settled in tags:
             message_id = self._pending.pop(settled, None)
             if message_id is not None:
