@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-webhook bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-webhook bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
 	@echo "make bench-jobs-phases  where jobs_worker's CPU goes, phase by phase (thread CPU clocks)"
+	@echo "make bench-relay-phases where the relay's CPU goes, phase by phase (thread CPU clocks)"
 	@echo "make flame  flame graphs (py-spy) of the relay and of jobs_worker into docs/img/"
 	@echo "make bench-webhook  the webhook under gunicorn against a bare INSERT, and commit → handled over HTTP"
 	@echo "make bench-soak  eight minutes at a steady 700 items/s beside 5 million finished rows: latency, backlog, claim cost, vacuum, memory"
@@ -166,6 +167,7 @@ bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.admin_health --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs_phases --jobs 2000
+	$(VENV)/bin/python -m tests.benchmarks.relay_phases --messages 5000 --repeat 1
 	$(VENV)/bin/python -m tests.benchmarks.partitions --rows 20000 --days 3 --items 300 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 500 --repeat 1 --rate 100 --seconds 2 --informational
 	$(VENV)/bin/python -m tests.benchmarks.soak --rate 200 --minutes 0.5 --window 15
@@ -204,6 +206,9 @@ bench-jobs: $(VENV)/.installed
 
 bench-jobs-phases: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.jobs_phases --jobs 20000
+
+bench-relay-phases: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.relay_phases --messages 50000 --repeat 3
 
 # What counting costs send(), the relay, the inbox and the jobs (telemetry off, the
 # health page's per-minute tally, Prometheus metrics), in rounds that take turns.
