@@ -293,12 +293,12 @@ def apply(part: Part, held: Any, changes: Sequence[Change]) -> Applied:
     parking: list[Any] = []
     freeing: list[Any] = []
     if part.ordering is not None:
-        parking = [c.row for c in changes if c.values.get("blocking") is True]
-        freeing = [
-            c.row
-            for c in changes
-            if c.transition is Transition.MARK_DONE and getattr(c.row, "blocking", False)
-        ]
+        mark_done = Transition.MARK_DONE
+        for c in changes:
+            if c.values.get("blocking") is True:
+                parking.append(c.row)
+            if c.transition is mark_done and getattr(c.row, "blocking", False):
+                freeing.append(c.row)
         if parking or freeing:
             # Only the rows still held park or free their keys: a writer fenced out
             # (its lease taken over, the row finished by another) changes nothing,
@@ -323,7 +323,10 @@ def apply(part: Part, held: Any, changes: Sequence[Change]) -> Applied:
                 except TypeError:  # an expression of its own: a statement of its own
                     each[change.row.pk] = change.values
                     continue
-            shared.setdefault(key, (change.values, []))[1].append(change.row.pk)
+            group = shared.get(key)
+            if group is None:
+                group = shared[key] = (change.values, [])
+            group[1].append(change.row.pk)
         else:
             each[change.row.pk] = change.values
     written = 0
