@@ -211,6 +211,8 @@ class _Publisher:
         self.timeout = float(options.get("timeout", 10.0))
         self.queue_name: str | None = options.get("queue")
         self.routing_key: str | None = options.get("routing_key")
+        #: What a message's routing key is made from: ``{type}`` and ``{key}`` filled in.
+        self.route_pattern: str = self.routing_key or self.queue_name or "{type}"
         self.binding_key = binding_key(options)
         self.exchange = kombu.Exchange(
             options.get("exchange", ""), type=options.get("exchange_type", "direct"), durable=True
@@ -232,7 +234,7 @@ class _Publisher:
         }
 
     def route(self, envelope: Envelope) -> str:
-        pattern = self.routing_key or self.queue_name or "{type}"
+        pattern = self.route_pattern
         return pattern.replace("{type}", envelope.type).replace("{key}", envelope.key or "")
 
     def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
@@ -406,9 +408,10 @@ class _RedisPublisher(_Publisher):
         )
         self._tag_prefix = uuid.uuid4().hex
         self._tags = itertools.count()
-        pattern = self.routing_key or self.queue_name or "{type}"
         #: The routing key as JSON text when it is the same for every message.
-        self._fixed_route = None if _has_placeholders(pattern) else quote(pattern)
+        self._fixed_route = (
+            None if _has_placeholders(self.route_pattern) else quote(self.route_pattern)
+        )
 
     def encode(self, envelope: Envelope) -> str:
         """The message as kombu's Redis transport stores it: JSON text, written here
