@@ -296,7 +296,7 @@ def counted_on_commit(part: str, name: str, label: str, using: str, number: int 
     """Count *number* of *part*'s own events once the transaction on *using* commits
     (at once outside one): a rolled-back ``send()`` is not counted."""
     if number > 0 and enabled():
-        counter = get().extra[part, name].labels(label)
+        counter = _child(get().extra[part, name], label)
         transaction.on_commit(lambda: counter.inc(number), using=using)
 
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from django_outbox.outbox.transports.base import Outcomes, Transport
 
 try:
-    from opentelemetry import propagate, trace
+    from opentelemetry import baggage, propagate, trace
     from opentelemetry.context import Context as _Context
     from opentelemetry.trace import (
         NonRecordingSpan,
@@ -175,10 +175,13 @@ def recording() -> bool:
 def inject(headers: dict[str, str]) -> None:
     """Add the current context to *headers* (a row's, in ``send()`` and ``receive()``)
     unless they carry a ``traceparent`` already: a message keeps the context it came
-    with. Nothing is added when no span is current."""
+    with. With neither a valid span nor baggage current there is nothing to carry, and
+    the propagator is not asked (it costs ``send()`` more than both lookups)."""
     for name in headers:
         if name.lower() == TRACEPARENT:
             return
+    if not trace.get_current_span().get_span_context().is_valid and not baggage.get_all():
+        return
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     for name, value in carrier.items():

@@ -83,7 +83,10 @@ class Trigger:
 
 
 def schedule(part: str, using: str, pk: Any) -> None:
-    """Arrange for row *pk* of *part* to be triggered when the current transaction commits."""
+    """Arrange for row *pk* of *part* to be triggered when the current transaction commits.
+    With ``DISPATCH = "none"`` there is nothing to trigger: no on-commit callback."""
+    if get_settings().dispatch == "none":
+        return
     connection = connections[using]
     if not connection.in_atomic_block:
         dispatch(part, using, [pk])

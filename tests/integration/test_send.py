@@ -54,6 +54,17 @@ def test_commit_stores_the_message_and_dispatches_once_with_all_ids(
     assert stored.attempts == 0
 
 
+def test_without_dispatch_a_commit_runs_no_callback_of_ours(
+    configure_outbox, django_capture_on_commit_callbacks
+):
+    # DISPATCH = "none": the relay polls and the sweeps run the rows; nothing to wake.
+    configure_outbox(DISPATCH="none")
+    with django_capture_on_commit_callbacks() as callbacks, transaction.atomic():
+        message = django_outbox.send("order.created", {"id": 1})
+    assert not [c for c in callbacks if isinstance(c, dispatch.Trigger)]
+    assert OutboxMessage.objects.get(pk=message.pk).state == OutboxState.SHOULD_BE_SENT
+
+
 def test_rollback_leaves_no_row_and_dispatches_nothing(
     dispatched, django_capture_on_commit_callbacks
 ):

@@ -79,6 +79,18 @@ def test_send_stores_the_current_span_s_context_and_nothing_without_one(spans):
     assert OutboxMessage.objects.get(pk=bare.pk).headers == {}
 
 
+def test_send_stores_baggage_current_without_a_span(spans):
+    # The propagator is skipped when nothing is current: baggage alone still counts.
+    from opentelemetry import baggage, context
+
+    token = context.attach(baggage.set_baggage("tenant", "acme"))
+    try:
+        message = django_outbox.send("order.paid", {})
+    finally:
+        context.detach(token)
+    assert OutboxMessage.objects.get(pk=message.pk).headers == {"baggage": "tenant=acme"}
+
+
 def test_send_stores_the_tracestate_and_keeps_a_traceparent_it_is_given(spans):
     upstream = SpanContext(
         0xABC,
