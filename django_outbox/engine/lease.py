@@ -30,7 +30,8 @@ from django.db.models import Case, Expression, F, Value, When
 from django.utils import timezone
 
 from django_outbox.engine import clock
-from django_outbox.engine.rows import fast_timestamps, instance_builder
+from django_outbox.engine.fields import KeptJSONField
+from django_outbox.engine.rows import builds_directly, fast_timestamps, instance_builder
 
 M = TypeVar("M", bound=models.Model)
 
@@ -251,21 +252,28 @@ class ClaimStatement:
             records = cursor.fetchall()
         names = [f.attname for f in self.fields]
         # Per converted field: its index, whether it is JSON, the attribute keeping its
-        # JSON text if the model asks for it (``claim_keeps_json``: a transport sends it
-        # as stored), and whether ``json.loads`` alone decodes it (Django's
-        # ``from_db_value`` with no decoder of its own).
-        kept_json = getattr(self.model, "claim_keeps_json", ())
+        # JSON text for a ``KeptJSONField`` (a transport sends it as stored), and
+        # whether ``json.loads`` alone decodes it (Django's ``from_db_value`` with no
+        # decoder of its own).
         converters = [
             (
                 i,
                 f,
                 isinstance(f, models.JSONField),
-                f"{f.attname}_json" if f.attname in kept_json else None,
+                f"{f.attname}_json" if isinstance(f, KeptJSONField) else None,
                 isinstance(f, models.JSONField) and f.decoder is None,
             )
             for i, f in enumerate(self.fields)
             if hasattr(f, "from_db_value")
         ]
+        # A kept field is left as its text, decoded when read, unless a receiver of
+        # the model's init signals could see the instance before the text is set:
+        # then it is decoded here like any other.
+        undecoded = (
+            [f.attname for f in self.fields if isinstance(f, KeptJSONField)]
+            if builds_directly(self.model, names)
+            else []
+        )
         build = instance_builder(self.model, self.using, names)
         loads = json.loads
         rows = []
@@ -277,6 +285,8 @@ class ClaimStatement:
                 if is_json:
                     if kept is not None:
                         raw[kept] = value
+                        if undecoded:
+                            continue  # taken out of the instance below
                     if value is None:
                         continue  # SQL NULL
                     if value == "{}":  # most headers and keyword arguments
@@ -293,9 +303,12 @@ class ClaimStatement:
                         continue
                 values[i] = field.from_db_value(value, None, connection)
             row = build(values)
-            row.__dict__.update(
+            data = row.__dict__
+            data.update(
                 raw, state=self.running_state, lock_token=lease.token, claimed_by=lease.worker
             )
+            for name in undecoded:
+                del data[name]
             rows.append(row)
         return rows
 

@@ -12,6 +12,8 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
+from django_outbox.engine.fields import KeptJSONField
+
 
 class EngineRow(models.Model):
     """Attempts, due time, lease and outcome fields shared by every part's rows."""
@@ -43,6 +45,19 @@ class EngineRow(models.Model):
 
     class Meta:
         abstract = True
+
+    def get_deferred_fields(self) -> set[str]:
+        """Django's deferred fields, less those whose text a claim kept: they are
+        decoded from it when read (:class:`KeptJSONField`), never loaded again."""
+        deferred: set[str] = super().get_deferred_fields()
+        if deferred:
+            data, get_field = self.__dict__, self._meta.get_field
+            deferred = {
+                name
+                for name in deferred
+                if name + "_json" not in data or not isinstance(get_field(name), KeptJSONField)
+            }
+        return deferred
 
 
 class Worker(models.Model):

@@ -24,19 +24,8 @@ def instance_builder(
     not in *names* left out, deferred), without the field-by-field ``setattr`` and the
     two signal sends, which cost a claimed row more than its fetch. Otherwise this is
     ``from_db``."""
-    from django.db.models.signals import post_init, pre_init
-
     keys = tuple(names)
-    plain = _PLAIN.get((model, keys))
-    if plain is None:
-        attnames = {f.attname for f in model._meta.concrete_fields}
-        plain = _PLAIN[(model, keys)] = (
-            set(keys) <= attnames
-            and model.__init__ is models.Model.__init__
-            and model.from_db.__func__ is models.Model.from_db.__func__  # type: ignore[attr-defined]
-        )
-    # Receivers may come and go: asked each time.
-    if not plain or pre_init.has_listeners(model) or post_init.has_listeners(model):
+    if not builds_directly(model, keys):
         return lambda values: model.from_db(using, names, values)
     new = object.__new__
     state_class = models.base.ModelState
@@ -52,6 +41,24 @@ def instance_builder(
         return instance
 
     return build
+
+
+def builds_directly(model: type[models.Model], names: Sequence[str]) -> bool:
+    """Whether ``instance_builder(model, …, names)`` makes its instances directly (no
+    ``pre_init`` or ``post_init`` receiver could see one half made), not through
+    ``from_db``. Receivers may come and go: asked each time."""
+    from django.db.models.signals import post_init, pre_init
+
+    keys = tuple(names)
+    plain = _PLAIN.get((model, keys))
+    if plain is None:
+        attnames = {f.attname for f in model._meta.concrete_fields}
+        plain = _PLAIN[(model, keys)] = (
+            set(keys) <= attnames
+            and model.__init__ is models.Model.__init__
+            and model.from_db.__func__ is models.Model.from_db.__func__  # type: ignore[attr-defined]
+        )
+    return plain and not pre_init.has_listeners(model) and not post_init.has_listeners(model)
 
 
 #: Per model and field names: whether its instances can be made directly (receivers
@@ -94,4 +101,4 @@ def _timestamptz_loader() -> Any:
     return _LOADER[0]
 
 
-__all__ = ["fast_timestamps", "instance_builder"]
+__all__ = ["builds_directly", "fast_timestamps", "instance_builder"]

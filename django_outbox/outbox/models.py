@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
 
 from django_outbox.engine import operator
+from django_outbox.engine.fields import KeptJSONField
 from django_outbox.engine.ids import uuid7
 from django_outbox.engine.models import EngineRow
 
@@ -59,17 +59,15 @@ class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
 class OutboxMessage(EngineRow):
     """One outgoing message, inserted in the caller's transaction by ``send()``."""
 
-    #: JSON fields whose text a claim keeps beside the value (``payload_json``): the
-    #: relay sends the payload as it was stored, without encoding it again.
-    claim_keeps_json: ClassVar[tuple[str, ...]] = ("payload",)
-
     id = models.BigAutoField(primary_key=True)
     message_id = models.UUIDField(
         default=uuid7, unique=True, editable=False, help_text="Idempotency key."
     )
     type = models.CharField(max_length=255)
     destination = models.CharField(max_length=100)
-    payload = models.JSONField(encoder=DjangoJSONEncoder)
+    #: A claim keeps its text (``payload_json``): the relay sends the payload as it was
+    #: stored, neither decoded nor encoded again (``KeptJSONField``).
+    payload = KeptJSONField(encoder=DjangoJSONEncoder)
     headers = models.JSONField(default=dict, blank=True)
     # NULL (not "") means "no key": the key/sequence CHECK and the partial
     # unique index rely on it.
