@@ -269,12 +269,11 @@ class ClaimStatement:
         # A kept field is left as its text, decoded when read, unless a receiver of
         # the model's init signals could see the instance before the text is set:
         # then it is decoded here like any other.
+        direct = builds_directly(self.model, names)
         undecoded = (
-            [f.attname for f in self.fields if isinstance(f, KeptJSONField)]
-            if builds_directly(self.model, names)
-            else []
+            [f.attname for f in self.fields if isinstance(f, KeptJSONField)] if direct else []
         )
-        build = instance_builder(self.model, self.using, names)
+        build = instance_builder(self.model, self.using, names, direct=direct)
         loads = json.loads
         rows = []
         for record in records:

@@ -13,7 +13,7 @@ M = TypeVar("M", bound=models.Model)
 
 
 def instance_builder(
-    model: type[M], using: str, names: Sequence[str]
+    model: type[M], using: str, names: Sequence[str], *, direct: bool | None = None
 ) -> Callable[[Sequence[Any]], M]:
     """A function making an instance of *model* from the values of one row, its fields
     *names* in the model's field order, as ``model.from_db(using, names, values)`` does.
@@ -23,9 +23,12 @@ def instance_builder(
     made directly: its ``__dict__`` filled as ``Model.__init__`` fills it (the fields
     not in *names* left out, deferred), without the field-by-field ``setattr`` and the
     two signal sends, which cost a claimed row more than its fetch. Otherwise this is
-    ``from_db``."""
+    ``from_db``. *direct* is ``builds_directly``'s answer when the caller asked it
+    already (and acts on it too: both must go by the same answer)."""
     keys = tuple(names)
-    if not builds_directly(model, keys):
+    if direct is None:
+        direct = builds_directly(model, keys)
+    if not direct:
         return lambda values: model.from_db(using, names, values)
     new = object.__new__
     state_class = models.base.ModelState
