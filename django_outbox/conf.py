@@ -156,6 +156,8 @@ MINIMUMS: Mapping[str, float] = {
     "PURGE_BATCH_SIZE": 1,
     "MAX_PAYLOAD_BYTES": 1,
     "MAX_BODY_BYTES": 1,
+    "MAX_BATCH_BYTES": 1,
+    "MAX_BATCH": 1,
     "CIRCUIT_PROBE_SECONDS": 0.01,
     "CIRCUIT_PROBE_MAX_SECONDS": 0.01,
     "HEARTBEAT_SECONDS": 0.05,
@@ -174,6 +176,8 @@ _INTEGER_KEYS = frozenset(
         "PARTITIONS_AHEAD",
         "MAX_PAYLOAD_BYTES",
         "MAX_BODY_BYTES",
+        "MAX_BATCH_BYTES",
+        "MAX_BATCH",
         "DEAD_LETTERED_MINUTES",
         "DEAD_LETTERED_WARNING",
         "DEAD_LETTERED_CRITICAL",
@@ -270,6 +274,8 @@ _SOURCE_KEYS = frozenset(
         "HEARTBEAT",
         "LEASE_SECONDS",
         "MAX_BODY_BYTES",
+        "MAX_BATCH_BYTES",
+        "MAX_BATCH",
         "TYPE_HEADER",
         "KEY_HEADER",
         "SEQUENCE_HEADER",
@@ -534,6 +540,9 @@ def _source(name: Any, raw: Any, max_body: int) -> Source:
         _number(raw, "HEARTBEAT", None, path)
     if "LEASE_SECONDS" in raw:
         _number(raw, "LEASE_SECONDS", None, path)
+    for key in ("MAX_BATCH_BYTES", "MAX_BATCH"):  # a webhook source's batches
+        if key in raw:
+            _number(raw, key, None, path)
     return Source(
         name=name,
         transport=transport,

@@ -28,6 +28,13 @@ sequence (``also_cover``). A header that is absent is not listed; one sent
 with an empty value is listed with an empty value: the two sign differently.
 Adding or removing such a header changes *n* and the pairs.
 
+``b2=`` signs a batch (the ``http`` transport's ``BATCH``): one request whose JSON
+body carries many messages, each with its own ``outbox-*`` headers inside the body.
+Its digest is the v2 digest with ``outbox-batch-v2`` as the scheme's name and no
+signed headers (the body holds them all). The different name keeps the two kinds
+apart: a request signed as one message can never be read as a batch, nor a batch
+as one message, whatever its body or its other headers say.
+
 ``v1=`` (HMAC-SHA256 of ``b"<t>." + body``, the scheme before) covers the body
 only: a captured request replays under a new message id. It is refused
 unless the receiver passes ``accept_v1=True``; senders never write it.
@@ -48,6 +55,8 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 DEFAULT_TOLERANCE_SECONDS = 300
 #: The first netstring of every v2 input.
 SCHEME_V2 = b"outbox-v2"
+#: The first netstring of every batch input (``b2=``).
+SCHEME_BATCH = b"outbox-batch-v2"
 #: Signed headers are those whose lower-case name starts with this.
 SIGNED_PREFIX = b"outbox-"
 
@@ -111,10 +120,12 @@ def canonical(
     body: bytes,
     *,
     also_cover: Iterable[str] = (),
+    scheme: bytes = SCHEME_V2,
 ) -> bytes:
-    """The bytes a v2 digest is computed over (see the module's docstring)."""
+    """The bytes a v2 (or, with *scheme*, a batch) digest is computed over (see the
+    module's docstring)."""
     pairs = signed_headers(headers, also_cover=also_cover)
-    parts = [_netstring(SCHEME_V2), _netstring(b"%d" % timestamp), _netstring(b"%d" % len(pairs))]
+    parts = [_netstring(scheme), _netstring(b"%d" % timestamp), _netstring(b"%d" % len(pairs))]
     for name, value in pairs:
         parts += [_netstring(name), _netstring(value)]
     parts.append(_netstring(body))
@@ -133,6 +144,11 @@ def _digest_v2(
     also_cover: Iterable[str],
 ) -> str:
     message = canonical(timestamp, headers, body, also_cover=also_cover)
+    return hmac.new(_key(secret), message, hashlib.sha256).hexdigest()
+
+
+def _digest_batch(secret: str | bytes, timestamp: int, body: bytes) -> str:
+    message = canonical(timestamp, {}, body, scheme=SCHEME_BATCH)
     return hmac.new(_key(secret), message, hashlib.sha256).hexdigest()
 
 
@@ -159,6 +175,46 @@ def sign(
     except SignatureError as exc:
         raise ValueError(str(exc)) from None
     return f"t={ts},v2={digest}"
+
+
+def sign_batch(secret: str | bytes, body: bytes, *, timestamp: int | None = None) -> str:
+    """The ``Outbox-Signature`` value (``t=…,b2=…``) of a batch request's *body*."""
+    if not secret:
+        raise ValueError("a signing secret is required")
+    ts = int(time.time()) if timestamp is None else int(timestamp)
+    return f"t={ts},b2={_digest_batch(secret, ts, body)}"
+
+
+def is_batch(header: str | None) -> bool:
+    """Whether the ``Outbox-Signature`` value *header* signs a batch (has a ``b2=`` digest).
+    Only says which check to make: :func:`check_batch` decides whether it holds."""
+    return bool(header) and bool(_parse(str(header)).get("b2"))
+
+
+def check_batch(
+    secret: str | bytes,
+    body: bytes,
+    header: str | None,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE_SECONDS,
+    now: float | None = None,
+) -> None:
+    """Raise ``SignatureError`` unless *header*'s ``b2=`` digest signs the batch *body*
+    within *tolerance* seconds of *now*."""
+    if not secret:
+        raise ValueError("a signing secret is required")
+    if not header:
+        raise SignatureError(f"no {SIGNATURE_HEADER} header", "missing")
+    parts = _parse(header)
+    try:
+        ts = int(parts["t"][0])
+    except (KeyError, ValueError):
+        raise SignatureError(
+            f"malformed {SIGNATURE_HEADER} header: no t=<unix seconds>", "malformed"
+        ) from None
+    if not parts.get("b2"):
+        raise SignatureError(f"malformed {SIGNATURE_HEADER} header: no b2= digest", "malformed")
+    _compare(_digest_batch(secret, ts, body), parts["b2"], ts, tolerance, now)
 
 
 def _parse(header: str) -> dict[str, list[str]]:
@@ -213,6 +269,13 @@ def check(
         expected = _digest_v1(secret, ts, body)
     else:
         raise SignatureError(f"malformed {SIGNATURE_HEADER} header: no v2= digest", "malformed")
+    _compare(expected, given, ts, tolerance, now)
+    return scheme
+
+
+def _compare(expected: str, given: list[str], ts: int, tolerance: float, now: float | None) -> None:
+    """Raise ``SignatureError`` unless one of *given* is *expected* and *ts* is within
+    *tolerance* of *now*."""
     matched = False
     for digest in given:
         # Every candidate is compared, so the time taken says nothing about which.
@@ -225,7 +288,6 @@ def check(
             f"signature timestamp outside the {tolerance:g} s window (a replay or a clock)",
             "stale",
         )
-    return scheme
 
 
 def verify(

@@ -33,6 +33,14 @@ def test_valid_configuration_has_no_problems(configure_outbox):
         ({"TRANSPORT": "kombu", "URL": "redis://x"}, "django_outbox.E013"),
         ({"TRANSPORT": "http", "URL": "ftp://x", "SECRET": "s"}, "django_outbox.E014"),
         ({"TRANSPORT": "http", "URL": "https://x"}, "django_outbox.W014"),
+        (
+            {"TRANSPORT": "http", "URL": "https://x", "SECRET": "s", "BATCH": 0},
+            "django_outbox.E017",
+        ),
+        (
+            {"TRANSPORT": "http", "URL": "https://x", "SECRET": "s", "BATCH_BYTES": "1MB"},
+            "django_outbox.E017",
+        ),
         ({"TRANSPORT": "celery"}, "django_outbox.E010"),
         ({"TRANSPORT": "django_outbox.conf.Destination"}, "django_outbox.E002"),
     ],

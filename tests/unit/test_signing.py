@@ -190,3 +190,36 @@ def test_a_secret_is_required():
         signing.sign("", BODY, headers=HEADERS)
     with pytest.raises(ValueError, match="secret"):
         signing.check("", BODY, sign(), headers=HEADERS)
+
+
+# Batches (``b2=``): the same HMAC under another scheme name, so neither kind passes
+# for the other.
+
+
+def test_a_batch_signature_checks_against_its_body_and_time():
+    body = b'{"messages": []}'
+    header = signing.sign_batch("s", body, timestamp=1_000)
+    assert signing.is_batch(header)
+    signing.check_batch("s", body, header, now=1_100)
+    with pytest.raises(signing.SignatureError, match="bad signature"):
+        signing.check_batch("s", body + b" ", header, now=1_100)
+    with pytest.raises(signing.SignatureError, match="bad signature"):
+        signing.check_batch("other", body, header, now=1_100)
+    with pytest.raises(signing.SignatureError, match="window") as stale:
+        signing.check_batch("s", body, header, now=1_000 + 301)
+    assert stale.value.kind == "stale"
+
+
+def test_a_single_signature_is_never_a_batch_one_nor_the_other_way():
+    body = b'{"n": 1}'
+    single = signing.sign("s", body, headers={}, timestamp=1_000)
+    batch = signing.sign_batch("s", body, timestamp=1_000)
+    assert not signing.is_batch(single)
+    # The digests differ: the scheme's name is the first thing hashed.
+    assert single.split("v2=")[1] != batch.split("b2=")[1]
+    with pytest.raises(signing.SignatureError, match="bad signature"):
+        signing.check_batch("s", body, single.replace("v2=", "b2="), now=1_000)
+    with pytest.raises(signing.SignatureError, match="no b2= digest"):
+        signing.check_batch("s", body, single, now=1_000)
+    with pytest.raises(signing.SignatureError, match="no v2= digest"):
+        signing.check("s", body, batch, headers={}, now=1_000)

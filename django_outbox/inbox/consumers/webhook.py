@@ -17,20 +17,30 @@ whose ``SECRET`` is the sender's. Answers:
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, router, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from django_outbox import signing, tracing
+from django_outbox import metrics, signing, tracing
 from django_outbox.conf import SETTING_NAME, Source, get_settings
+from django_outbox.engine import triggers
 from django_outbox.exceptions import ConfigurationError, InvalidMessage
-from django_outbox.inbox.api import receive
-from django_outbox.inbox.intake import Arrival, Unreadable, parse
-from django_outbox.wire import TRACE_HEADERS
+from django_outbox.inbox.api import prepare, receive, receive_many
+from django_outbox.inbox.intake import REFUSED, Arrival, Parsed, Unreadable, parse
+from django_outbox.inbox.models import InboxMessage
+from django_outbox.wire import HEADER_KEY, HEADER_MESSAGE_ID, TRACE_HEADERS
 
 logger = logging.getLogger("django_outbox.inbox")
+
+#: A batch's largest body (``MAX_BATCH_BYTES``) and most messages (``MAX_BATCH``) by default.
+DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_BATCH = 1000
 
 
 def _refuse(status: int, source: str, reason: str) -> JsonResponse:
@@ -49,48 +59,33 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         return _refuse(404, source, "unknown source")
     if config.transport != "webhook":
         return _refuse(404, source, f"source {source!r} does not take webhooks")
+    signature = request.headers.get(signing.SIGNATURE_HEADER)
+    batch = signing.is_batch(signature)
+    limit = batch_bytes(config) if batch else config.max_body_bytes
     length = request.META.get("CONTENT_LENGTH")
-    if length and length.isdigit() and int(length) > config.max_body_bytes:
-        return _refuse(413, source, f"body of {length} bytes is over {config.max_body_bytes}")
+    if length and length.isdigit() and int(length) > limit:
+        return _refuse(413, source, f"body of {length} bytes is over {limit}")
     body = request.body
-    if len(body) > config.max_body_bytes:
-        return _refuse(413, source, f"body of {len(body)} bytes is over {config.max_body_bytes}")
-    # The envelope is read from exactly the headers the signature covers: every
-    # outbox-* header, Idempotency-Key and the source's mapped ones, as sent.
-    # Host, User-Agent and the like are the HTTP exchange's, not the message's.
+    if len(body) > limit:
+        return _refuse(413, source, f"body of {len(body)} bytes is over {limit}")
+    if batch:
+        return _batch(config, body, signature)
     wire = signing.wire_headers(request.headers)
     mapped = _mapped_headers(config)
-    problem = _signature_problem(config, body, request.headers.get(signing.SIGNATURE_HEADER), wire)
+    problem = _signature_problem(config, body, signature, wire)
     if problem:
         return _refuse(401, source, problem)
     # The signed bytes back to the text the sender wrote: our HTTP transport (and any
     # sender that writes non-ASCII header text) sends UTF-8. Read as the server decoded
     # them (Latin-1), a key "city:Zürich" would be stored as "city:ZÃ¼rich", another key
     # than the same message's over a broker.
-    envelope = {}
+    signed = {}
     for name, value in signing.signed_headers(wire, also_cover=mapped):
         try:
-            envelope[name.decode("latin-1")] = value.decode("utf-8")
+            signed[name.decode("latin-1")] = value.decode("utf-8")
         except UnicodeDecodeError:
             return _refuse(400, source, f"header {name.decode('latin-1')!r} is not UTF-8 text")
-    idempotency_key = signing.IDEMPOTENCY_HEADER.lower()
-    headers = {
-        name: value for name, value in envelope.items() if name != idempotency_key or name in mapped
-    }
-    # The trace context too, unsigned: it decides nothing about the message, only which
-    # trace its handler's span joins (see docs/operations.md, "Tracing").
-    headers.update(
-        (name, request.headers[name])
-        for name in TRACE_HEADERS
-        if name in request.headers and name not in headers
-    )
-    arrival = Arrival(
-        source=config,
-        body=body,
-        headers=headers,
-        transport_id=envelope.get(idempotency_key),
-        content_type=request.content_type,
-    )
+    arrival = _arrival(config, signed, request.headers, body, request.content_type)
     try:
         parsed = parse(arrival)
     except Unreadable as exc:
@@ -118,6 +113,216 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     return JsonResponse(
         {"status": "stored" if created else "duplicate", "message_id": parsed.message_id}
     )
+
+
+def _arrival(
+    config: Source,
+    signed: Mapping[str, str],
+    unsigned: Mapping[str, str],
+    body: bytes,
+    content_type: str | None,
+) -> Arrival:
+    """An arrival from a delivery's *signed* headers (lower-case names: every ``outbox-*``
+    header, ``Idempotency-Key`` and the source's mapped ones, as sent) and the trace
+    context among its *unsigned* ones."""
+    idempotency_key = signing.IDEMPOTENCY_HEADER.lower()
+    mapped = _mapped_headers(config)
+    headers = {
+        name: value for name, value in signed.items() if name != idempotency_key or name in mapped
+    }
+    # The trace context too, unsigned: it decides nothing about the message, only which
+    # trace its handler's span joins (see docs/operations.md, "Tracing"). Host,
+    # User-Agent and the like are the HTTP exchange's, not the message's.
+    for name in TRACE_HEADERS:
+        value = unsigned.get(name)
+        if value is not None and name not in headers:
+            headers[name] = value
+    return Arrival(
+        source=config,
+        body=body,
+        headers=headers,
+        transport_id=signed.get(idempotency_key),
+        content_type=content_type,
+    )
+
+
+def batch_bytes(config: Source) -> int:
+    """The largest batch body *config* takes: ``MAX_BATCH_BYTES``."""
+    return int(config.options.get("max_batch_bytes") or DEFAULT_MAX_BATCH_BYTES)
+
+
+def _batch(config: Source, body: bytes, signature: str | None) -> JsonResponse:
+    """Store a batch (the ``http`` transport's ``BATCH``). Each message of it is read
+    and checked as a delivery of its own would be, and the readable ones are stored in
+    one transaction (one statement on PostgreSQL and SQLite). A message that cannot be
+    read is refused alone and stored nowhere; the later messages of its key in the batch
+    are skipped, not stored (its sender holds the key behind the refused one)."""
+    source = config.name
+    options = config.options
+    try:
+        signing.check_batch(
+            str(options["secret"]),
+            body,
+            signature,
+            tolerance=float(options.get("tolerance_seconds") or signing.DEFAULT_TOLERANCE_SECONDS),
+        )
+    except signing.SignatureError as exc:
+        return _refuse(401, source, str(exc))
+    try:
+        items = _batch_items(config, body)
+    except Unreadable as exc:
+        return _refuse(400, source, f"malformed batch: {exc}")
+    key_header = config.header("key", HEADER_KEY)
+    id_header = config.header("message_id", HEADER_MESSAGE_ID)
+    results: list[dict[str, str]] = []
+    readable: list[_Readable] = []
+    refused_keys: set[str] = set()
+    for position, (signed, unsigned, item_body) in enumerate(items):
+        key = signed.get(key_header) or None
+        results.append({"message_id": signed.get(id_header, ""), "status": "skipped"})
+        if key is not None and key in refused_keys:
+            continue
+        arrival = _arrival(config, signed, unsigned, item_body, None)
+        try:
+            parsed = parse(arrival)
+            readable.append(_Readable(position, arrival, parsed, _prepare(parsed, source)))
+        except (Unreadable, InvalidMessage) as exc:
+            logger.warning(
+                "webhook %s refused message %s of a batch: %s",
+                source,
+                results[-1]["message_id"],
+                exc,
+            )
+            results[-1].update(status="refused", reason=str(exc))
+            if key is not None:
+                refused_keys.add(key)
+    using = router.db_for_write(InboxMessage)
+    try:
+        with tracing.receiving(config, [one.arrival for one in readable]):
+            new = _store_batch(readable, results, using)
+    except DatabaseError:
+        logger.exception("webhook %s: storing a batch failed; the sender will retry", source)
+        return JsonResponse({"status": "error", "reason": "database unavailable"}, status=503)
+    if new:
+        # Committed: wake the handlers as DISPATCH says (one NOTIFY, or one task).
+        triggers.dispatch("inbox", using, [row.pk for row in new])
+    metrics.counted("inbox", "received", source, len(new))
+    metrics.counted("inbox", "duplicates", source, sum(r["status"] == "duplicate" for r in results))
+    return JsonResponse({"status": "batch", "results": results})
+
+
+@dataclass(frozen=True)
+class _Readable:
+    """A message of a batch that could be read: its place, and ``receive()``'s arguments."""
+
+    position: int
+    arrival: Arrival
+    parsed: Parsed
+    prepared: tuple[dict[str, Any], str]
+
+
+def _prepare(parsed: Parsed, source: str) -> tuple[dict[str, Any], str]:
+    return prepare(
+        parsed.type,
+        parsed.payload,
+        source=source,
+        message_id=parsed.message_id,
+        key=parsed.key,
+        sequence=parsed.sequence,
+        headers=parsed.headers,
+        correlation_id=parsed.correlation_id,
+    )
+
+
+def _batch_items(config: Source, body: bytes) -> list[tuple[dict[str, str], dict[str, str], bytes]]:
+    """A batch body's messages: each one's signed headers (lower-case names, the ones a
+    delivery of its own would have signed), all its headers, and its body's bytes. Raise
+    ``Unreadable`` saying what is wrong with the batch as a whole."""
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise Unreadable(f"not UTF-8 JSON: {exc}") from exc
+    except RecursionError:
+        raise Unreadable("JSON nested too deeply to read") from None
+    messages = document.get("messages") if isinstance(document, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise Unreadable('no "messages" list, or an empty one')
+    most = int(config.options.get("max_batch") or DEFAULT_MAX_BATCH)
+    if len(messages) > most:
+        raise Unreadable(f"{len(messages)} messages, over MAX_BATCH ({most})")
+    covered = _mapped_headers(config) | {signing.IDEMPOTENCY_HEADER.lower()}
+    items = []
+    for position, message in enumerate(messages):
+        headers = message.get("headers") if isinstance(message, dict) else None
+        text = message.get("body") if isinstance(message, dict) else None
+        if not isinstance(headers, dict) or not isinstance(text, str):
+            raise Unreadable(f'message {position}: not {{"headers": {{…}}, "body": "…"}}')
+        lowered: dict[str, str] = {}
+        for name, value in headers.items():
+            if not isinstance(value, str) or not _is_text(name) or not _is_text(value):
+                raise Unreadable(f"message {position}: header {name!r} is not UTF-8 text")
+            if name.lower() in lowered:
+                raise Unreadable(f"message {position}: two headers named {name.lower()!r}")
+            lowered[name.lower()] = value
+        signed = {
+            name: value
+            for name, value in lowered.items()
+            if name.startswith("outbox-") or name in covered
+        }
+        # A lone surrogate (JSON allows "\ud800") is kept as bytes that are not UTF-8:
+        # that message alone is then refused as not UTF-8 JSON.
+        items.append((signed, lowered, text.encode("utf-8", "surrogatepass")))
+    return items
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _store_batch(readable: list[_Readable], results: list[dict[str, str]], using: str) -> list[Any]:
+    """Store the readable messages of a batch in one transaction and note in *results*
+    which were new and which duplicates; return the new rows. If the database refuses a
+    value of the batch, store them one by one, each in a transaction of its own: the one
+    refused is refused alone (with the database's error), and its key's later ones
+    skipped."""
+    try:
+        with transaction.atomic(using=using):
+            new, _ = receive_many([one.prepared for one in readable], using=using)
+        stored = readable
+    except REFUSED as exc:
+        logger.warning(
+            "the database refused a batch of %d message(s) (%s); storing them one by one",
+            len(readable),
+            type(exc).__name__,
+        )
+        new, stored, refused_keys = [], [], set()
+        for one in readable:
+            key = one.parsed.key
+            if key is not None and key in refused_keys:
+                continue
+            try:
+                with transaction.atomic(using=using):
+                    rows, _ = receive_many([one.prepared], using=using)
+            except REFUSED as error:
+                reason = f"cannot be stored: {type(error).__name__}: {error}".strip()
+                results[one.position].update(status="refused", reason=reason)
+                if key is not None:
+                    refused_keys.add(key)
+                continue
+            new += rows
+            stored.append(one)
+    created = {row.message_id for row in new}
+    for one in stored:
+        message_id = one.parsed.message_id
+        results[one.position]["message_id"] = message_id
+        # The same id twice in one batch: the first is the one stored.
+        results[one.position]["status"] = "stored" if message_id in created else "duplicate"
+        created.discard(message_id)
+    return new
 
 
 def _mapped_headers(config: Source) -> set[str]:
