@@ -191,7 +191,7 @@ flame: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.flame jobs --jobs 20000 --out docs/img/flame-jobs.svg
 
 bench-webhook: $(VENV)/.installed
-	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 6000 --repeat 3 --rate 500 --seconds 10
+	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 6000 --repeat 3 --rate 500 --seconds 10 --batches 1,100
 
 # A steady rate for eight minutes beside 5 million finished messages and jobs, nothing
 # purged (issue 17 §8): is anything growing? Its own database, made again; about 15

@@ -201,20 +201,26 @@ def check_batch(
 ) -> None:
     """Raise ``SignatureError`` unless *header*'s ``b2=`` digest signs the batch *body*
     within *tolerance* seconds of *now*."""
+    parts, ts = _read(secret, header)
+    if not parts.get("b2"):
+        raise SignatureError(f"malformed {SIGNATURE_HEADER} header: no b2= digest", "malformed")
+    _compare(_digest_batch(secret, ts, body), parts["b2"], ts, tolerance, now)
+
+
+def _read(secret: str | bytes, header: str | None) -> tuple[dict[str, list[str]], int]:
+    """*header*'s items by name and its timestamp; raise ``SignatureError`` (``missing``,
+    ``malformed``) when it has none."""
     if not secret:
         raise ValueError("a signing secret is required")
     if not header:
         raise SignatureError(f"no {SIGNATURE_HEADER} header", "missing")
     parts = _parse(header)
     try:
-        ts = int(parts["t"][0])
+        return parts, int(parts["t"][0])
     except (KeyError, ValueError):
         raise SignatureError(
             f"malformed {SIGNATURE_HEADER} header: no t=<unix seconds>", "malformed"
         ) from None
-    if not parts.get("b2"):
-        raise SignatureError(f"malformed {SIGNATURE_HEADER} header: no b2= digest", "malformed")
-    _compare(_digest_batch(secret, ts, body), parts["b2"], ts, tolerance, now)
 
 
 def _parse(header: str) -> dict[str, list[str]]:
@@ -243,17 +249,7 @@ def check(
     A header with a ``v2=`` digest is judged by it alone: a v1 digest next to it
     is never a fallback. Digests are compared in constant time.
     """
-    if not secret:
-        raise ValueError("a signing secret is required")
-    if not header:
-        raise SignatureError(f"no {SIGNATURE_HEADER} header", "missing")
-    parts = _parse(header)
-    try:
-        ts = int(parts["t"][0])
-    except (KeyError, ValueError):
-        raise SignatureError(
-            f"malformed {SIGNATURE_HEADER} header: no t=<unix seconds>", "malformed"
-        ) from None
+    parts, ts = _read(secret, header)
     if parts.get("v2"):
         scheme, given = "v2", parts["v2"]
         expected = _digest_v2(secret, ts, headers, body, also_cover)

@@ -110,6 +110,16 @@ class Parsed:
     correlation_id: str | None
     headers: dict[str, str]
 
+    def arguments(self) -> dict[str, Any]:
+        """``receive()``'s (and ``prepare()``'s) keyword arguments but ``source``."""
+        return {
+            "message_id": self.message_id,
+            "key": self.key,
+            "sequence": self.sequence,
+            "headers": self.headers,
+            "correlation_id": self.correlation_id,
+        }
+
 
 def parse(arrival: Arrival) -> Parsed:
     """Read *arrival*; raise ``Unreadable`` saying why it cannot be a message."""
@@ -206,13 +216,9 @@ def _store_one(arrival: Arrival, *, using: str, trigger: bool) -> tuple[InboxMes
             parsed.type,
             parsed.payload,
             source=arrival.source.name,
-            message_id=parsed.message_id,
-            key=parsed.key,
-            sequence=parsed.sequence,
-            headers=parsed.headers,
-            correlation_id=parsed.correlation_id,
             using=using,
             trigger=trigger,
+            **parsed.arguments(),
         )
     except (Unreadable, InvalidMessage) as exc:
         return store_unreadable(arrival, str(exc), using=using)
@@ -326,14 +332,7 @@ def store_many(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stor
             parsed = parse(arrival)
             prepared.append(
                 prepare(
-                    parsed.type,
-                    parsed.payload,
-                    source=arrival.source.name,
-                    message_id=parsed.message_id,
-                    key=parsed.key,
-                    sequence=parsed.sequence,
-                    headers=parsed.headers,
-                    correlation_id=parsed.correlation_id,
+                    parsed.type, parsed.payload, source=arrival.source.name, **parsed.arguments()
                 )
             )
         except (Unreadable, InvalidMessage) as exc:

@@ -30,6 +30,9 @@ REFUSED = "HTTP"  # an HTTP answer with the reason in its JSON body
 FAILED = "failed"  # stored, then failed by the worker with the reason, not retried
 UNCHANGED = "left as it was"  # an admin action that changes nothing and says why
 CHECK = "system check"  # a system check error; get_settings() raises the same text
+#: A message of a webhook batch refused alone (its result in the 200 answer), the others
+#: of the batch stored.
+ALONE = "refused alone"
 
 
 @dataclass(frozen=True)
@@ -716,6 +719,118 @@ WEBHOOK = EntryPoint(
 )
 
 
+# -- A batch to the webhook view ---------------------------------------------------------
+
+BATCH_GOOD = "one inbox row, the batch's good message"
+
+
+def _alone(says: str) -> Expect:
+    return Expect(ALONE, "200", says, f"{BATCH_GOOD}; this one nothing (its result says why)")
+
+
+WEBHOOK_BATCH = EntryPoint(
+    "webhook-batch",
+    "A batch to the webhook view (`BATCH`, signed `b2=`)",
+    "Two messages in one request, as the `http` transport's `BATCH` posts them: the "
+    "case's message first, a good one of another key second. A batch that cannot be read "
+    "as a whole is refused whole and stores nothing; a message that cannot be read is "
+    "refused alone, its result in the answer saying why, and the good one is stored.",
+    "tests/badinput/test_webhook_batch.py",
+    (
+        Case(
+            "not-json",
+            "a body `{not json`",
+            {"raw": b"{not json"},
+            _http(400, "malformed batch: not UTF-8 JSON"),
+        ),
+        Case(
+            "no-messages",
+            'a body `{"messages": []}`',
+            {"raw": b'{"messages": []}'},
+            _http(400, 'no "messages" list'),
+        ),
+        Case(
+            "item-shape",
+            "a message whose `body` is a JSON object, not its text",
+            {"item": {"body": {"order": "o1"}}},
+            _http(400, 'message 0: not {"headers"'),
+        ),
+        Case(
+            "header-number",
+            "a header whose value is the number 3",
+            {"headers": {"outbox-attempt": 3}},
+            _http(400, "header 'outbox-attempt' is not UTF-8 text"),
+        ),
+        Case(
+            "too-many",
+            "6 messages (`MAX_BATCH` 5)",
+            {"count": 6},
+            _http(400, "over MAX_BATCH (5)"),
+        ),
+        Case(
+            "too-large",
+            "a body over `MAX_BATCH_BYTES` (4,000)",
+            {"body": b'{"blob": "' + b"x" * 4000 + b'"}'},
+            _http(413, "is over 4000"),
+        ),
+        Case(
+            "single-signature",
+            "signed as one message (`v2=`) where a batch is posted",
+            {"sign": "single"},
+            _http(400, "no message id"),
+        ),
+        Case(
+            "wrong-secret",
+            "signed with another secret",
+            {"sign": "other-secret"},
+            _http(401, "bad signature"),
+        ),
+        Case(
+            "expired",
+            "signed an hour ago",
+            {"sign": "an-hour-ago"},
+            _http(401, "outside the 300 s window"),
+        ),
+        Case(
+            "message-not-json",
+            "a message whose body is `{not json`",
+            {"body": b"{not json"},
+            _alone("body is not UTF-8 JSON"),
+        ),
+        Case(
+            "message-oversize",
+            "a message over `MAX_BODY_BYTES` (1,000)",
+            {"body": b'{"blob": "' + b"x" * 2000 + b'"}'},
+            _alone("over the limit of 1000"),
+        ),
+        Case(
+            "message-no-type",
+            "a message without `outbox-type`",
+            {"headers": {"outbox-type": None}},
+            _alone("no message type"),
+        ),
+        Case(
+            "message-nul",
+            'a message with JSON `"\\u0000"` in its body',
+            {"body": b'{"a": "\\u0000"}'},
+            _alone("contains a NUL character"),
+        ),
+        Case(
+            "message-surrogate",
+            'a message whose body text holds a lone surrogate `"\\ud800"`',
+            {"body_text": "\ud800"},
+            _alone("body is not UTF-8 JSON"),
+        ),
+        Case(
+            "message-twice",
+            "the same message id twice in the batch",
+            {"twice": True},
+            Expect(ACCEPTED, "200", "duplicate", "one inbox row (the second result: duplicate)"),
+        ),
+    ),
+)
+
+
 # -- enqueue() -------------------------------------------------------------------------
 
 ENQUEUED = "nothing; the caller's transaction still usable"
@@ -1077,6 +1192,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     KOMBU,
     CELERY,
     WEBHOOK,
+    WEBHOOK_BATCH,
     ENQUEUE,
     ADMIN,
     COMMANDS,

@@ -95,16 +95,7 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         # SQLite (INSERT … ON CONFLICT DO NOTHING, committed by itself) and takes its own
         # on MySQL; a BEGIN and a COMMIT would be two more round trips per delivery.
         with tracing.receiving(config, [arrival]):
-            _, created = receive(
-                parsed.type,
-                parsed.payload,
-                source=source,
-                message_id=parsed.message_id,
-                key=parsed.key,
-                sequence=parsed.sequence,
-                headers=parsed.headers,
-                correlation_id=parsed.correlation_id,
-            )
+            _, created = receive(parsed.type, parsed.payload, source=source, **parsed.arguments())
     except InvalidMessage as exc:
         return _refuse(400, source, str(exc))
     except DatabaseError:
@@ -185,7 +176,14 @@ def _batch(config: Source, body: bytes, signature: str | None) -> JsonResponse:
         arrival = _arrival(config, signed, unsigned, item_body, None)
         try:
             parsed = parse(arrival)
-            readable.append(_Readable(position, arrival, parsed, _prepare(parsed, source)))
+            readable.append(
+                _Readable(
+                    position,
+                    arrival,
+                    parsed,
+                    prepare(parsed.type, parsed.payload, source=source, **parsed.arguments()),
+                )
+            )
         except (Unreadable, InvalidMessage) as exc:
             logger.warning(
                 "webhook %s refused message %s of a batch: %s",
@@ -219,19 +217,6 @@ class _Readable:
     arrival: Arrival
     parsed: Parsed
     prepared: tuple[dict[str, Any], str]
-
-
-def _prepare(parsed: Parsed, source: str) -> tuple[dict[str, Any], str]:
-    return prepare(
-        parsed.type,
-        parsed.payload,
-        source=source,
-        message_id=parsed.message_id,
-        key=parsed.key,
-        sequence=parsed.sequence,
-        headers=parsed.headers,
-        correlation_id=parsed.correlation_id,
-    )
 
 
 def _batch_items(config: Source, body: bytes) -> list[tuple[dict[str, str], dict[str, str], bytes]]:
