@@ -1,5 +1,6 @@
 """Chaos, reduced: relays SIGKILLed every few seconds while they post to a 50 ms HTTP
-endpoint, and a relay whose database connection is killed between publish and record.
+endpoint, and while they post batches to the inbox's webhook view, and a relay whose
+database connection is killed between publish and record.
 
 ``make chaos`` runs the same tests at full size (CHAOS_MESSAGES, CHAOS_KILLS).
 """
@@ -103,6 +104,75 @@ def test_http_delivery_keeps_flowing_while_relays_are_killed(configure_outbox, e
     assert set(received) == expected
     assert kills >= 1, "everything was sent before the first kill: raise CHAOS_MESSAGES"
     assert max(gaps) < RECOVERY_WINDOW
+
+
+def test_webhook_batches_lose_nothing_and_keep_key_order_while_relays_are_killed(
+    configure_outbox, live_server, monkeypatch
+):
+    """The ``http`` transport's ``BATCH`` to the inbox's own webhook view (served in this
+    process), relays SIGKILLed mid-batch: every message is stored once in the inbox, and
+    the messages of each key were first stored in their order. A resent batch's messages
+    are duplicates (stored before the kill, not recorded as sent)."""
+    from django_outbox.inbox.consumers import webhook
+    from django_outbox.models import InboxMessage
+
+    real = webhook._store_batch
+
+    def slow(*args, **kwargs):  # a receiver at 20 ms a batch: kills land mid-request
+        time.sleep(0.02)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(webhook, "_store_batch", slow)
+    secret = "chaos-batch"
+    configure_outbox(
+        DESTINATIONS={
+            "default": {
+                "TRANSPORT": "http",
+                "URL": f"{live_server.url}/inbox/shop/",
+                "SECRET": secret,
+                "BATCH": 20,
+                "CONCURRENCY": 2,
+            }
+        },
+        INBOX={"SOURCES": {"shop": {"TRANSPORT": "webhook", "SECRET": secret}}},
+    )
+    keys = [f"order:{k}" for k in range(20)]
+    for n in range(MESSAGES):
+        django_outbox.send("order.created", {"n": n}, key=keys[n % len(keys)])
+    expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
+
+    def start():
+        return spawn_manage("outbox_relay", "--json", "--no-listen", "--interval", "0.2")
+
+    relays = [start(), start()]
+    kills = 0
+    try:
+        while kills < KILLS and OutboxMessage.objects.exclude(state=OutboxState.SENT).exists():
+            time.sleep(KILL_EVERY / 4)
+            oldest = relays.pop(0)
+            stop(oldest, signal.SIGKILL)
+            kills += 1
+            relays.append(start())
+        wait_for(
+            lambda: not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists(),
+            timeout=120,
+            what="every message to be sent",
+        )
+    finally:
+        for relay in relays:
+            stop(relay, signal.SIGKILL)
+    stored = list(InboxMessage.objects.order_by("id").values_list("message_id", "key", "sequence"))
+    attempts = sum(OutboxMessage.objects.values_list("attempts", flat=True))
+    print(
+        f"\n{MESSAGES} messages in batches of 20, {kills} relays SIGKILLed: "
+        f"{attempts - MESSAGES} deliveries beyond one a message (resent after a kill)"
+    )
+    assert kills >= 1, "everything was sent before the first kill: raise CHAOS_MESSAGES"
+    assert len(stored) == len(expected)
+    assert {message_id for message_id, _, _ in stored} == expected
+    for key in keys:
+        sequences = [sequence for _, k, sequence in stored if k == key]
+        assert sequences == sorted(sequences), f"{key} stored out of order: {sequences}"
 
 
 def other_connections_killed() -> int:
