@@ -24,7 +24,7 @@ from django.db import models
 
 from django_outbox.engine import clock
 from django_outbox.engine.partitions import Guard
-from django_outbox.engine.rows import fast_timestamps, instance_builder
+from django_outbox.engine.rows import binding_cursor, fast_timestamps, instance_builder
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,11 @@ class FastInsert:
                 for row, raw in zip(rows, raws, strict=True)
                 for name, prepare in self.params
             ]
-        with connection.cursor() as cursor:
+        with (
+            binding_cursor(connection)
+            if self.bulk_sql is not None
+            else connection.cursor() as cursor
+        ):
             fast_timestamps(cursor, connection)
             cursor.execute(sql, params)
             returned = cursor.fetchall()

@@ -84,6 +84,36 @@ def fast_timestamps(cursor: Any, connection: Any) -> None:
         adapters.register_loader("timestamptz", loader)
 
 
+def binding_cursor(connection: Any) -> Any:
+    """A cursor of *connection* (Django's, wrapped as ``connection.cursor()`` wraps one:
+    query logging, ``execute_wrapper``) that sends the parameters apart from the
+    statement (server-side binding) on PostgreSQL with psycopg 3 and a UTC session,
+    read with :func:`fast_timestamps`; elsewhere ``connection.cursor()``.
+
+    Django's psycopg 3 cursors bind on the client unless ``server_side_binding`` is
+    set: every value is quoted into the statement's text, and for a statement of
+    arrays (the inbox's ``unnest`` insert) that quoting costs more than the rest of
+    the statement's client side. Sent apart, a value is only dumped."""
+    if (
+        connection.vendor != "postgresql"
+        or not _utc_session(connection)
+        or connection.settings_dict["OPTIONS"].get("server_side_binding") is True
+    ):
+        return connection.cursor()
+    try:
+        import psycopg
+    except ImportError:  # psycopg2: it has only client-side binding
+        return connection.cursor()
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    raw = connection.connection
+    if not isinstance(raw, psycopg.Connection):
+        return connection.cursor()
+    cursor = connection._prepare_cursor(psycopg.Cursor(raw))
+    fast_timestamps(cursor, connection)
+    return cursor
+
+
 def _utc_session(connection: Any) -> bool:
     from django.conf import settings
 
