@@ -360,3 +360,13 @@ def test_a_payload_with_non_ascii_text_arrives_as_sent(partner, batches):
     assert batches == [2]
     stored = InboxMessage.objects.get(message_id=str(first.message_id))
     assert stored.payload == {"a": "ünïcode \u2028"}
+
+
+def test_each_message_carries_its_idempotency_key_as_a_request_of_its_own_would(partner, batches):
+    """A source that reads the id from ``Idempotency-Key`` reads it in a batch too."""
+    partner(batch=5, MESSAGE_ID_HEADER="Idempotency-Key")
+    sent = [django_outbox.send("t", {"n": n}, to="partner", key="k") for n in range(3)]
+    assert Relay().drain().sent == 3
+    assert batches == [3]
+    stored = InboxMessage.objects.order_by("sequence")
+    assert [m.message_id for m in stored] == [str(m.message_id) for m in sent]

@@ -13,6 +13,12 @@ whose ``SECRET`` is the sender's. Answers:
   body over ``MAX_BODY_BYTES``: nothing stored, the reason in the JSON answer and
   in a WARNING log line;
 - 503 the database failed: nothing stored, the sender retries.
+
+A request signed as a batch (``b2=``, the ``http`` transport's ``BATCH``) carries
+many messages: 200 ``{"status": "batch", "results": [...]}`` answers for each, in
+order (``stored``, ``duplicate``, ``refused`` with a ``reason``, ``skipped`` behind
+its key's refused one); a batch that cannot be read as a whole is 400, one over
+``MAX_BATCH_BYTES`` 413, a bad signature 401, and nothing of it is stored.
 """
 
 from __future__ import annotations

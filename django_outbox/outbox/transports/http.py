@@ -192,13 +192,17 @@ class HttpTransport(Transport):
 
     def batch_item(self, envelope: Envelope) -> bytes:
         """*envelope* as an item of a batch: ``{"headers": {…}, "body": "<the body>"}``,
-        its headers those a request of its own would carry (lower-case names)."""
+        its headers those a request of its own would carry (lower-case names, the
+        ``Idempotency-Key`` among them)."""
+        idempotency_key = signing.IDEMPOTENCY_HEADER.lower()
         if self.static_headers or envelope.user_headers:
             headers = dict(self.static_headers)
             headers.update((name.lower(), value) for name, value in envelope.headers.items())
+            headers[idempotency_key] = envelope.id_text()
             header_text = json.dumps(headers, ensure_ascii=False, separators=(",", ":"))
         else:
-            header_text = envelope.headers_json()
+            standard = envelope.headers_json()
+            header_text = f'{standard[:-1]},"{idempotency_key}":"{envelope.id_text()}"}}'
         body = json.dumps(envelope.body_text(), ensure_ascii=False)
         return f'{{"headers":{header_text},"body":{body}}}'.encode()
 
