@@ -87,8 +87,8 @@ def fast_timestamps(cursor: Any, connection: Any) -> None:
 def binding_cursor(connection: Any) -> Any:
     """A cursor of *connection* (Django's, wrapped as ``connection.cursor()`` wraps one:
     query logging, ``execute_wrapper``) that sends the parameters apart from the
-    statement (server-side binding) on PostgreSQL with psycopg 3 and a UTC session,
-    read with :func:`fast_timestamps`; elsewhere ``connection.cursor()``.
+    statement (server-side binding) on PostgreSQL with psycopg 3 and a UTC session;
+    elsewhere ``connection.cursor()``.
 
     Django's psycopg 3 cursors bind on the client unless ``server_side_binding`` is
     set: every value is quoted into the statement's text, and for a statement of
@@ -109,9 +109,9 @@ def binding_cursor(connection: Any) -> Any:
     raw = connection.connection
     if not isinstance(raw, psycopg.Connection):
         return connection.cursor()
-    cursor = connection._prepare_cursor(psycopg.Cursor(raw))
-    fast_timestamps(cursor, connection)
-    return cursor
+    # Django's loaders are the connection's (its adapters' template), and read
+    # timestamps in its time zone, UTC here, as its own cursors do.
+    return connection._prepare_cursor(psycopg.Cursor(raw))
 
 
 def _utc_session(connection: Any) -> bool:
