@@ -370,3 +370,39 @@ def test_each_message_carries_its_idempotency_key_as_a_request_of_its_own_would(
     assert batches == [3]
     stored = InboxMessage.objects.order_by("sequence")
     assert [m.message_id for m in stored] == [str(m.message_id) for m in sent]
+
+
+def test_a_message_that_cannot_be_a_batch_item_goes_alone(partner, batches, monkeypatch):
+    from django_outbox.outbox.transports.http import HttpTransport
+
+    real = HttpTransport.batch_item
+
+    def failing(self, envelope):
+        if envelope.payload == {"n": 2}:
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        return real(self, envelope)
+
+    monkeypatch.setattr(HttpTransport, "batch_item", failing)
+    partner(batch=10)
+    for n in range(5):
+        django_outbox.send("t", {"n": n}, to="partner")
+    assert Relay().drain().sent == 5
+    # Two batches around it; it went as a request of its own, which could encode it.
+    assert batches == [2, 2]
+    assert InboxMessage.objects.count() == 5
+
+
+def test_an_unexpected_error_posting_a_batch_leaves_its_messages_uncertain(partner, monkeypatch):
+    from django_outbox.outbox.transports.http import HttpTransport
+
+    def broken(self, url, body, headers):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(HttpTransport, "_post", broken)
+    partner(batch=10)
+    for n in range(3):
+        django_outbox.send("t", {"n": n}, to="partner")
+    assert Relay().drain().sent == 0
+    for message in OutboxMessage.objects.all():
+        assert message.state == OutboxState.SHOULD_BE_SENT
+        assert "RuntimeError: a bug" in message.last_error

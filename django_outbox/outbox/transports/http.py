@@ -176,7 +176,16 @@ class HttpTransport(Transport):
         items: list[bytes] = []
         size = 0
         for envelope in lane:
-            item = self.batch_item(envelope)
+            try:
+                item = self.batch_item(envelope)
+            except (UnicodeError, ValueError, TypeError):
+                # It goes alone, as a request of its own: what fails to encode then is
+                # that message's outcome, not its batch's.
+                if chunk:
+                    yield chunk, items
+                    chunk, items, size = [], [], 0
+                yield [envelope], [b""]
+                continue
             if chunk and (
                 len(chunk) >= self.batch
                 or size + len(item) > self.batch_bytes
@@ -227,6 +236,10 @@ class HttpTransport(Transport):
             self._raise_for(response, url)
         except DeliveryError as exc:
             return _each(chunk, exc)
+        except Exception as exc:  # a transport bug must not lose the rows
+            logger.exception("unexpected error posting a batch of %d", len(chunk))
+            # It may have gone out before the error: uncertain, not merely retryable.
+            return _each(chunk, UncertainError(f"{type(exc).__name__}: {exc}"))
         return _answers(chunk, response, url)
 
     @classmethod
