@@ -62,26 +62,22 @@ def endpoint():
     httpd.server_close()
 
 
-def test_http_delivery_keeps_flowing_while_relays_are_killed(configure_outbox, endpoint):
-    configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "http", "URL": endpoint}})
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(type="order.created", destination="default", payload={"n": n})
-        for n in range(MESSAGES)
-    )
-    expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
+def sent_while_relays_are_killed(*, every: float, stagger: float) -> int:
+    """Two relays (the second *stagger* seconds after the first) until every message is
+    sent; every *every* seconds, up to ``KILLS`` times while some are not, the older one
+    SIGKILLed and a new one started. Returns how many were killed."""
 
     def start():
         return spawn_manage("outbox_relay", "--json", "--no-listen", "--interval", "0.2")
 
     relays = [start()]
-    time.sleep(KILL_EVERY / 2)
+    time.sleep(stagger)
     relays.append(start())
     kills = 0
     try:
         while kills < KILLS and OutboxMessage.objects.exclude(state=OutboxState.SENT).exists():
-            time.sleep(KILL_EVERY)
-            oldest = relays.pop(0)
-            stop(oldest, signal.SIGKILL)
+            time.sleep(every)
+            stop(relays.pop(0), signal.SIGKILL)
             kills += 1
             relays.append(start())
         wait_for(
@@ -92,6 +88,18 @@ def test_http_delivery_keeps_flowing_while_relays_are_killed(configure_outbox, e
     finally:
         for relay in relays:
             stop(relay, signal.SIGKILL)
+    return kills
+
+
+def test_http_delivery_keeps_flowing_while_relays_are_killed(configure_outbox, endpoint):
+    configure_outbox(DESTINATIONS={"default": {"TRANSPORT": "http", "URL": endpoint}})
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(type="order.created", destination="default", payload={"n": n})
+        for n in range(MESSAGES)
+    )
+    expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
+
+    kills = sent_while_relays_are_killed(every=KILL_EVERY, stagger=KILL_EVERY / 2)
 
     times = sorted(t for t, _ in Endpoint.arrivals)
     gaps = [b - a for a, b in itertools.pairwise(times)]
@@ -141,26 +149,7 @@ def test_webhook_batches_lose_nothing_and_keep_key_order_while_relays_are_killed
         django_outbox.send("order.created", {"n": n}, key=keys[n % len(keys)])
     expected = {str(m) for m in OutboxMessage.objects.values_list("message_id", flat=True)}
 
-    def start():
-        return spawn_manage("outbox_relay", "--json", "--no-listen", "--interval", "0.2")
-
-    relays = [start(), start()]
-    kills = 0
-    try:
-        while kills < KILLS and OutboxMessage.objects.exclude(state=OutboxState.SENT).exists():
-            time.sleep(KILL_EVERY / 4)
-            oldest = relays.pop(0)
-            stop(oldest, signal.SIGKILL)
-            kills += 1
-            relays.append(start())
-        wait_for(
-            lambda: not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists(),
-            timeout=120,
-            what="every message to be sent",
-        )
-    finally:
-        for relay in relays:
-            stop(relay, signal.SIGKILL)
+    kills = sent_while_relays_are_killed(every=KILL_EVERY / 4, stagger=0)
     stored = list(InboxMessage.objects.order_by("id").values_list("message_id", "key", "sequence"))
     attempts = sum(OutboxMessage.objects.values_list("attempts", flat=True))
     print(
