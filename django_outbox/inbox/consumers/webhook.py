@@ -78,7 +78,7 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         return _batch(config, body, signature)
     wire = signing.wire_headers(request.headers)
     mapped = _mapped_headers(config)
-    problem = _signature_problem(config, body, signature, wire)
+    problem = _signature_problem(config, mapped, body, signature, wire)
     if problem:
         return _refuse(401, source, problem)
     # The signed bytes back to the text the sender wrote: our HTTP transport (and any
@@ -91,7 +91,7 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
             signed[name.decode("latin-1")] = value.decode("utf-8")
         except UnicodeDecodeError:
             return _refuse(400, source, f"header {name.decode('latin-1')!r} is not UTF-8 text")
-    arrival = _arrival(config, signed, request.headers, body, request.content_type)
+    arrival = _arrival(config, mapped, signed, request.headers, body, request.content_type)
     try:
         parsed = parse(arrival)
     except Unreadable as exc:
@@ -114,6 +114,7 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
 
 def _arrival(
     config: Source,
+    mapped: set[str],
     signed: Mapping[str, str],
     unsigned: Mapping[str, str],
     body: bytes,
@@ -121,9 +122,8 @@ def _arrival(
 ) -> Arrival:
     """An arrival from a delivery's *signed* headers (lower-case names: every ``outbox-*``
     header, ``Idempotency-Key`` and the source's mapped ones, as sent) and the trace
-    context among its *unsigned* ones."""
+    context among its *unsigned* ones; *mapped* is ``_mapped_headers(config)``."""
     idempotency_key = signing.IDEMPOTENCY_HEADER.lower()
-    mapped = _mapped_headers(config)
     headers = {
         name: value for name, value in signed.items() if name != idempotency_key or name in mapped
     }
@@ -166,7 +166,8 @@ def _batch(config: Source, body: bytes, signature: str | None) -> JsonResponse:
     except signing.SignatureError as exc:
         return _refuse(401, source, str(exc))
     try:
-        items = _batch_items(config, body)
+        mapped = _mapped_headers(config)
+        items = _batch_items(config, mapped, body)
     except Unreadable as exc:
         return _refuse(400, source, f"malformed batch: {exc}")
     key_header = config.header("key", HEADER_KEY)
@@ -179,7 +180,7 @@ def _batch(config: Source, body: bytes, signature: str | None) -> JsonResponse:
         results.append({"message_id": signed.get(id_header, ""), "status": "skipped"})
         if key is not None and key in refused_keys:
             continue
-        arrival = _arrival(config, signed, unsigned, item_body, None)
+        arrival = _arrival(config, mapped, signed, unsigned, item_body, None)
         try:
             parsed = parse(arrival)
             readable.append(
@@ -225,7 +226,9 @@ class _Readable:
     prepared: tuple[dict[str, Any], str]
 
 
-def _batch_items(config: Source, body: bytes) -> list[tuple[dict[str, str], dict[str, str], bytes]]:
+def _batch_items(
+    config: Source, mapped: set[str], body: bytes
+) -> list[tuple[dict[str, str], dict[str, str], bytes]]:
     """A batch body's messages: each one's signed headers (lower-case names, the ones a
     delivery of its own would have signed), all its headers, and its body's bytes. Raise
     ``Unreadable`` saying what is wrong with the batch as a whole."""
@@ -241,7 +244,7 @@ def _batch_items(config: Source, body: bytes) -> list[tuple[dict[str, str], dict
     most = int(config.options.get("max_batch") or DEFAULT_MAX_BATCH)
     if len(messages) > most:
         raise Unreadable(f"{len(messages)} messages, over MAX_BATCH ({most})")
-    covered = _mapped_headers(config) | {signing.IDEMPOTENCY_HEADER.lower()}
+    covered = mapped | {signing.IDEMPOTENCY_HEADER.lower()}
     items = []
     for position, message in enumerate(messages):
         headers = message.get("headers") if isinstance(message, dict) else None
@@ -322,7 +325,7 @@ def _mapped_headers(config: Source) -> set[str]:
 
 
 def _signature_problem(
-    config: Source, body: bytes, header: str | None, headers: dict[str, bytes]
+    config: Source, mapped: set[str], body: bytes, header: str | None, headers: dict[str, bytes]
 ) -> str:
     """Why the signature is not acceptable, or ``""``."""
     options = config.options
@@ -333,7 +336,7 @@ def _signature_problem(
             body,
             header,
             headers=headers,
-            also_cover=_mapped_headers(config),
+            also_cover=mapped,
             tolerance=tolerance,
             accept_v1=bool(options.get("accept_v1")),
         )
