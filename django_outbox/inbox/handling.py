@@ -16,7 +16,6 @@ from contextlib import nullcontext
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Q
 
 from django_outbox import metrics, signals, tracing
 from django_outbox.engine import clock, triggers
@@ -33,7 +32,7 @@ from django_outbox.engine.outcomes import (
     describe,
 )
 from django_outbox.engine.part import Attempt, Lifecycle, Part, register
-from django_outbox.engine.retry import connection_broken, is_transient
+from django_outbox.engine.retry import connection_broken, is_transient, retry_transient
 from django_outbox.engine.transitions import Transition
 from django_outbox.exceptions import ConfigurationError, RetryableError
 from django_outbox.inbox.handlers import Handler, get_handler
@@ -76,6 +75,9 @@ class Handling(Part):
         super().__init__(**options)
         #: Messages of strict keys made due by handling their predecessor.
         self.woken = 0
+        #: Successors to wake once the batch has committed: another transaction held
+        #: them when their predecessor was handled (see ``_wake_late``).
+        self.unwoken: set[Any] = set()
 
     def process(self, rows: Sequence[Any], attempt: Attempt) -> Iterator[Outcomes]:
         """Handle *rows*: first all together (one savepoint for the batch); if a handler
@@ -274,21 +276,63 @@ class Handling(Part):
             last_sequence=sequence, updated_at=now
         )
         cursor.last_sequence = sequence
-        successor = messages.filter(
-            source=message.source,
-            key=message.key,
-            sequence=sequence + 1,
-            state=InboxState.SHOULD_BE_HANDLED,
+        # Found first, then locked by primary key: on InnoDB a locking read through
+        # the key's index does not skip a row another transaction locked by its
+        # primary key (a claim), and a row that is found but held is woken later.
+        found = list(
+            messages.filter(
+                source=message.source,
+                key=message.key,
+                sequence=sequence + 1,
+                state=InboxState.SHOULD_BE_HANDLED,
+            ).values_list("pk", flat=True)
         )
-        if connections[self.using].vendor == "mysql":
-            # InnoDB: a locking read through the key's index does not skip a row another
-            # batch locked by its primary key (a claim): find it, then lock it by its
-            # primary key, where SKIP LOCKED sees that lock.
-            found = list(successor.values_list("pk", flat=True))
-            successor = messages.filter(pk__in=found, state=InboxState.SHOULD_BE_HANDLED)
-        waiting = list(successor.select_for_update(skip_locked=True).values_list("pk", flat=True))
-        if waiting:
-            self.woken += messages.filter(pk__in=waiting).update(available_at=now)
+        if found:
+            self._wake(found, now)
+
+    def _wake(self, pks: Sequence[Any], now: clock.Instant) -> None:
+        """Make the messages *pks* due now, those no other transaction holds; the held
+        ones are woken once this batch has committed (``_wake_late``)."""
+        messages = InboxMessage.objects.using(self.using)
+        free = list(
+            messages.filter(pk__in=pks, state=InboxState.SHOULD_BE_HANDLED)
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)
+        )
+        if free:
+            self.woken += messages.filter(pk__in=free).update(available_at=now)
+        self.unwoken.update(set(pks) - set(free))
+
+    def _wake_late(self) -> None:
+        """Wake the successors another transaction held when their predecessor was
+        handled, now that this batch has committed and holds nothing.
+
+        The holder is usually a batch that handles the message itself once it has its
+        key's cursor (then the message is no longer waiting when this runs), but on
+        InnoDB it may be a claim that only read the row on its way (a table scan locks
+        each row it reads): skipped, the wake-up would be lost and the message would
+        wait for its gap alert. This write waits for the holder instead; it cannot
+        deadlock, as nothing else is held."""
+        pks, self.unwoken = sorted(self.unwoken), set()
+        if not pks:
+            return
+        due = InboxMessage.objects.using(self.using).filter(
+            pk__in=pks, state=InboxState.SHOULD_BE_HANDLED, available_at__gt=clock.now()
+        )
+        try:
+            self.woken += retry_transient(
+                lambda: due.update(available_at=clock.now()),
+                what="wake inbox messages",
+                reconnect=self.using,
+            )
+        except DatabaseError as exc:
+            # Their gap alert makes them due in the end; the operator is told now.
+            self.logger.warning(
+                "could not wake %d inbox message(s) whose predecessor was handled (%s): "
+                "they wait for their gap alert",
+                len(pks),
+                exc,
+            )
 
     def on_recorded(self, changes: Sequence[Any]) -> None:
         """Wake messages of strict keys this batch deferred for a gap whose predecessor
@@ -304,35 +348,31 @@ class Handling(Part):
             if c.transition is Transition.DEFER
             and str(c.values.get("last_error", "")).startswith(WAITING)
         ]
-        if not waiting:
-            return
+        if waiting:
+            self._wake_ready(waiting)
+        self._wake_late()
+
+    def _wake_ready(self, waiting: Sequence[Any]) -> None:
         keys = sorted({(row.source, row.key) for row in waiting})
-        wanted = Q()
-        for source, key in keys:
-            wanted |= Q(source=source, key=key)
+        cursors = InboxCursor.objects.using(self.using).select_for_update()
         with transaction.atomic(using=self.using):
-            last = dict(
-                ((c.source, c.key), c.last_sequence)
-                for c in InboxCursor.objects.using(self.using)
-                .filter(wanted)
-                .order_by("source", "key")
-                .select_for_update()
-            )
+            # One key at a time, through the (source, key) index, in the order every
+            # batch takes them: one statement for all of them may scan the table in
+            # primary-key order on InnoDB, locking in another order (a deadlock).
+            last = {}
+            for source, key in keys:
+                for held in cursors.filter(source=source, key=key).values_list(
+                    "last_sequence", flat=True
+                ):
+                    last[source, key] = held
             ready = [
                 row.pk for row in waiting if row.sequence == last.get((row.source, row.key), 0) + 1
             ]
             if ready:
-                # A message another transaction holds is being claimed (its batch then
-                # waits for these cursors and sees them moved) or woken already: never
-                # wait for it while holding the cursors.
-                messages = InboxMessage.objects.using(self.using)
-                free = list(
-                    messages.filter(pk__in=ready, state=InboxState.SHOULD_BE_HANDLED)
-                    .select_for_update(skip_locked=True)
-                    .values_list("pk", flat=True)
-                )
-                if free:
-                    self.woken += messages.filter(pk__in=free).update(available_at=clock.now())
+                # Never wait for a message while holding the cursors: a held one is
+                # being claimed (its batch then waits for these cursors and sees them
+                # moved) or woken, or is woken once this transaction has committed.
+                self._wake(ready, clock.now())
 
     # -- recording ---------------------------------------------------------------
 

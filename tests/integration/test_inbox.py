@@ -230,6 +230,45 @@ def test_strict_waits_for_a_gap_and_says_so():
     assert list(steps) == [1, 2, 3]
 
 
+def test_a_waiting_successor_another_transaction_holds_is_woken_once_it_lets_go():
+    """Handling sequence 1 wakes sequence 2, which waits for its gap; but another
+    transaction holds its row just then (on InnoDB a claim that scans the table locks
+    each row it reads). The wake-up must not be lost: it is made once the batch has
+    committed, waiting for the holder, instead of leaving sequence 2 to its gap
+    alert (five minutes)."""
+    import threading
+
+    from django.db import connection
+
+    later, _ = receive("order.step", {}, key="order:7", sequence=2)
+    assert Inbox().drain().deferred == 1
+    receive("order.step", {}, key="order:7", sequence=1)
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with transaction.atomic():
+                list(InboxMessage.objects.select_for_update().filter(pk=later.pk))
+                held.set()
+                done.wait(timeout=1.0)  # a claim's scan, a slow one
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(timeout=10)
+        result = Inbox().drain()
+    finally:
+        done.set()
+        holder.join()
+    later.refresh_from_db()
+    assert later.state == InboxState.HANDLED, later.last_error
+    assert result.done == 2
+    steps = Payment.objects.filter(order_ref="order:7").order_by("pk")
+    assert list(steps.values_list("sequence", flat=True)) == [1, 2]
+
+
 def test_a_gap_older_than_the_alert_time_is_reported_once(configure_outbox, caplog):
     from django_outbox.signals import inbox_gap_detected
 
