@@ -5,14 +5,16 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import connection, transaction
 
 from django_outbox.engine import telemetry
 from django_outbox.outbox.transports import memory, registry
@@ -218,3 +220,29 @@ def spawn_manage(
         text=True,
         **kwargs,
     )
+
+
+@contextmanager
+def row_held_elsewhere(queryset: Any, seconds: float = 1.0) -> Iterator[None]:
+    """Another transaction (a thread with its own connection) holds the rows of
+    *queryset* locked ``FOR UPDATE`` while the block runs, and for at most *seconds*:
+    what a claim scanning the table, or another batch, does to a row it passes."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(queryset.select_for_update())
+                held.set()
+                done.wait(timeout=seconds)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(timeout=10), "the other transaction could not lock the rows"
+        yield
+    finally:
+        done.set()
+        holder.join()

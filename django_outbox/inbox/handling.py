@@ -32,11 +32,18 @@ from django_outbox.engine.outcomes import (
     describe,
 )
 from django_outbox.engine.part import Attempt, Lifecycle, Part, register
-from django_outbox.engine.retry import connection_broken, is_transient, retry_transient
+from django_outbox.engine.retry import connection_broken, is_transient
 from django_outbox.engine.transitions import Transition
 from django_outbox.exceptions import ConfigurationError, RetryableError
 from django_outbox.inbox.handlers import Handler, get_handler
-from django_outbox.inbox.models import FINISHED_STATES, InboxCursor, InboxMessage, InboxState
+from django_outbox.inbox.models import (
+    FINISHED_STATES,
+    InboxCursor,
+    InboxMessage,
+    InboxState,
+    wake_free,
+    wake_held,
+)
 from django_outbox.validation import storable
 from django_outbox.wire import HEADER_REPLY_TO
 
@@ -76,7 +83,7 @@ class Handling(Part):
         #: Messages of strict keys made due by handling their predecessor.
         self.woken = 0
         #: Successors to wake once the batch has committed: another transaction held
-        #: them when their predecessor was handled (see ``_wake_late``).
+        #: them when their predecessor was handled (``inbox.models.wake_held``).
         self.unwoken: set[Any] = set()
 
     def process(self, rows: Sequence[Any], attempt: Attempt) -> Iterator[Outcomes]:
@@ -288,51 +295,14 @@ class Handling(Part):
             ).values_list("pk", flat=True)
         )
         if found:
-            self._wake(found, now)
+            self._wake(found)
 
-    def _wake(self, pks: Sequence[Any], now: clock.Instant) -> None:
-        """Make the messages *pks* due now, those no other transaction holds; the held
-        ones are woken once this batch has committed (``_wake_late``)."""
-        messages = InboxMessage.objects.using(self.using)
-        free = list(
-            messages.filter(pk__in=pks, state=InboxState.SHOULD_BE_HANDLED)
-            .select_for_update(skip_locked=True)
-            .values_list("pk", flat=True)
-        )
-        if free:
-            self.woken += messages.filter(pk__in=free).update(available_at=now)
-        self.unwoken.update(set(pks) - set(free))
-
-    def _wake_late(self) -> None:
-        """Wake the successors another transaction held when their predecessor was
-        handled, now that this batch has committed and holds nothing.
-
-        The holder is usually a batch that handles the message itself once it has its
-        key's cursor (then the message is no longer waiting when this runs), but on
-        InnoDB it may be a claim that only read the row on its way (a table scan locks
-        each row it reads): skipped, the wake-up would be lost and the message would
-        wait for its gap alert. This write waits for the holder instead; it cannot
-        deadlock, as nothing else is held."""
-        pks, self.unwoken = sorted(self.unwoken), set()
-        if not pks:
-            return
-        due = InboxMessage.objects.using(self.using).filter(
-            pk__in=pks, state=InboxState.SHOULD_BE_HANDLED, available_at__gt=clock.now()
-        )
-        try:
-            self.woken += retry_transient(
-                lambda: due.update(available_at=clock.now()),
-                what="wake inbox messages",
-                reconnect=self.using,
-            )
-        except DatabaseError as exc:
-            # Their gap alert makes them due in the end; the operator is told now.
-            self.logger.warning(
-                "could not wake %d inbox message(s) whose predecessor was handled (%s): "
-                "they wait for their gap alert",
-                len(pks),
-                exc,
-            )
+    def _wake(self, pks: Sequence[Any]) -> None:
+        """Wake the waiting messages *pks* no other transaction holds; the held ones are
+        woken once this batch has committed (``on_recorded``)."""
+        woken, held = wake_free(self.using, list(pks))
+        self.woken += woken
+        self.unwoken.update(held)
 
     def on_recorded(self, changes: Sequence[Any]) -> None:
         """Wake messages of strict keys this batch deferred for a gap whose predecessor
@@ -350,7 +320,11 @@ class Handling(Part):
         ]
         if waiting:
             self._wake_ready(waiting)
-        self._wake_late()
+        if self.unwoken:
+            # Successors another transaction held when their predecessor was handled:
+            # woken now that this batch holds nothing, waiting for their holder.
+            held, self.unwoken = sorted(self.unwoken), set()
+            self.woken += wake_held(self.using, held)
 
     def _wake_ready(self, waiting: Sequence[Any]) -> None:
         keys = sorted({(row.source, row.key) for row in waiting})
@@ -372,7 +346,7 @@ class Handling(Part):
                 # Never wait for a message while holding the cursors: a held one is
                 # being claimed (its batch then waits for these cursors and sees them
                 # moved) or woken, or is woken once this transaction has committed.
-                self._wake(ready, clock.now())
+                self._wake(ready)
 
     # -- recording ---------------------------------------------------------------
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import DatabaseError, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from django_outbox.engine import clock, operator
 from django_outbox.engine.models import EngineRow
+
+logger = logging.getLogger("django_outbox.inbox")
 
 
 class InboxState(models.TextChoices):
@@ -324,15 +327,64 @@ def pass_skipped(using: str, skipped: list[Any]) -> int:
         while last + 1 in sequences:
             last += 1
         cursors.filter(pk=cursor.pk).update(last_sequence=last, updated_at=clock.now())
-        # A successor a handler's batch holds is handled by that batch once it gets the
-        # cursor: skipped over here, never waited for.
-        waiting = list(
-            messages.filter(
-                source=source, key=key, sequence=last + 1, state=InboxState.SHOULD_BE_HANDLED
-            )
-            .select_for_update(skip_locked=True)
-            .values_list("pk", flat=True)
+        successor = messages.filter(
+            source=source, key=key, sequence=last + 1, state=InboxState.SHOULD_BE_HANDLED
         )
-        if waiting:
-            woken += messages.filter(pk__in=waiting).update(available_at=clock.now())
+        found = list(successor.values_list("pk", flat=True))
+        if found:
+            freed, held = wake_free(using, found)
+            woken += freed
+            if held:
+                transaction.on_commit(lambda: wake_held(using, held), using=using)  # noqa: B023
     return woken
+
+
+def wake_free(using: str, pks: list[Any]) -> tuple[int, list[Any]]:
+    """Make the waiting messages *pks* due now, those no other transaction holds (never
+    waiting for a row: the caller holds a key's cursor). Returns how many were woken,
+    and the held ones, for ``wake_held`` once the caller's transaction has committed.
+
+    Locked by primary key: on InnoDB a locking read through another index does not
+    skip a row locked by its primary key (a claim)."""
+    messages = InboxMessage.objects.using(using)
+    free = list(
+        messages.filter(pk__in=pks, state=InboxState.SHOULD_BE_HANDLED)
+        .select_for_update(skip_locked=True)
+        .values_list("pk", flat=True)
+    )
+    woken = messages.filter(pk__in=free).update(available_at=clock.now()) if free else 0
+    return woken, sorted(set(pks) - set(free))
+
+
+def wake_held(using: str, pks: list[Any]) -> int:
+    """Wake the waiting messages *pks* that another transaction held when ``wake_free``
+    tried, waiting for their holder this time; returns how many were woken. Call it
+    holding nothing (after the commit): it cannot deadlock then.
+
+    The holder is usually a batch that handles the message itself once it has its key's
+    cursor (the message is no longer waiting when this runs); but on InnoDB it may be a
+    claim that only read the row on its way (a table scan locks each row it reads), and
+    skipping would leave the message to its gap alert."""
+    from django_outbox.engine.retry import retry_transient
+
+    if not pks:
+        return 0
+    due = InboxMessage.objects.using(using).filter(
+        pk__in=pks, state=InboxState.SHOULD_BE_HANDLED, available_at__gt=clock.now()
+    )
+    try:
+        return int(
+            retry_transient(
+                lambda: due.update(available_at=clock.now()),
+                what="wake inbox messages",
+                reconnect=using,
+            )
+        )
+    except DatabaseError as exc:
+        logger.warning(
+            "could not wake %d inbox message(s) whose predecessor was handled or skipped "
+            "(%s): they wait for their gap alert",
+            len(pks),
+            exc,
+        )
+        return 0

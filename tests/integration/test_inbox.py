@@ -14,6 +14,7 @@ from django_outbox.inbox.handling import Inbox
 from django_outbox.models import InboxCursor, InboxMessage, InboxState
 from django_outbox.signals import inbox_message_failed
 from testproject.shop.models import OrderStatus, Payment
+from tests.conftest import row_held_elsewhere
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -236,32 +237,11 @@ def test_a_waiting_successor_another_transaction_holds_is_woken_once_it_lets_go(
     each row it reads). The wake-up must not be lost: it is made once the batch has
     committed, waiting for the holder, instead of leaving sequence 2 to its gap
     alert (five minutes)."""
-    import threading
-
-    from django.db import connection
-
     later, _ = receive("order.step", {}, key="order:7", sequence=2)
     assert Inbox().drain().deferred == 1
     receive("order.step", {}, key="order:7", sequence=1)
-    held, done = threading.Event(), threading.Event()
-
-    def hold():
-        try:
-            with transaction.atomic():
-                list(InboxMessage.objects.select_for_update().filter(pk=later.pk))
-                held.set()
-                done.wait(timeout=1.0)  # a claim's scan, a slow one
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(timeout=10)
+    with row_held_elsewhere(InboxMessage.objects.filter(pk=later.pk)):
         result = Inbox().drain()
-    finally:
-        done.set()
-        holder.join()
     later.refresh_from_db()
     assert later.state == InboxState.HANDLED, later.last_error
     assert result.done == 2

@@ -19,6 +19,7 @@ from django_outbox.inbox.handling import Inbox
 from django_outbox.jobs.models import Job, JobBatch, JobState
 from django_outbox.jobs.running import Jobs
 from django_outbox.models import InboxCursor, InboxMessage, InboxState, OutboxMessage, OutboxState
+from tests.conftest import row_held_elsewhere
 from tests.factories import OutboxMessageFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -349,6 +350,27 @@ def test_skipping_a_failed_strict_message_lets_its_key_go_on(strict_step, sent_t
 
     assert InboxCursor.objects.get(source="s", key="k").last_sequence == 2
     assert sent_triggers == [("inbox", [])]
+    Inbox().drain()
+    waiting.refresh_from_db()
+    assert waiting.state == InboxState.HANDLED
+    assert strict_step[-1] == 3
+
+
+def test_skipping_wakes_a_successor_another_transaction_holds_once_it_lets_go(strict_step):
+    """The successor of a skipped message is held by another transaction (on InnoDB, a
+    claim scanning the table) when the skip wakes it: it is woken once the skip has
+    committed, waiting for the holder, rather than left to its gap alert."""
+    receive_step(1)
+    failed = receive_step(2, fail=True)
+    Inbox().drain()
+    waiting = receive_step(3)
+    Inbox().drain()
+    waiting.refresh_from_db()
+    assert waiting.available_at > timezone.now()
+    with row_held_elsewhere(InboxMessage.objects.filter(pk=waiting.pk)):
+        assert InboxMessage.objects.filter(pk=failed.pk).skip() == 1
+    waiting.refresh_from_db()
+    assert waiting.available_at <= timezone.now()
     Inbox().drain()
     waiting.refresh_from_db()
     assert waiting.state == InboxState.HANDLED
