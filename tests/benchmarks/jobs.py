@@ -7,7 +7,10 @@ Side by side in one run, on PostgreSQL (a database of its own) and Redis:
 - **throughput** of no-op jobs, pre-enqueued: our ``jobs_worker`` with 1 and
   with 2 processes; a plain Celery worker (solo pool, Redis broker) draining
   the same number of no-op Celery tasks (the usual hand-rolled job queue);
-  django-tasks-db's ``db_worker`` (one process). Rate = jobs from the first
+  django-tasks-db's ``db_worker`` (one process); and the lean bounds
+  (``lean_jobs``): the bare claim-run-record loop, and the loop that also keeps
+  Django's Tasks contract, with one process and with two (what a second process
+  can add on this machine when nothing but the work itself costs). Rate = jobs from the first
   job started to the last one finished (steady state: process start-up is
   left out for everyone; the wall-clock figure with start-up is printed too).
   Our workers are started first and the jobs released once all of them poll,
@@ -250,13 +253,17 @@ def bench_ours(
 #: lean loop that also does what Django's Tasks API asks (``lean_jobs --contract``).
 LEAN_CPU: list[float] = []
 CONTRACT_CPU: list[float] = []
+#: The same as ``CPU`` for the lean loops, by (loop, processes).
+LEAN_MACHINE: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
 
 
-def bench_lean(count: int, contract: bool = False) -> tuple[float, float]:
-    """The lean bound (``tests.benchmarks.lean_jobs``): one process, the same jobs, the
-    same release; its CPU per job measured by itself over its drain. With *contract*,
-    the lean loop that also makes each job's ``TaskResult`` and sends Django's
-    ``task_started`` and ``task_finished``: the floor of a Django Tasks backend."""
+def bench_lean(count: int, contract: bool = False, processes: int = 1) -> tuple[float, float]:
+    """The lean bound (``tests.benchmarks.lean_jobs``): the same jobs, the same release;
+    its CPU per job measured by each process over its own drain. With *contract*, the
+    lean loop that also makes each job's ``TaskResult`` and sends Django's
+    ``task_started`` and ``task_finished``: the floor of a Django Tasks backend. With
+    two *processes*, what two workers can make of this machine's cores when they share
+    them with PostgreSQL: the ceiling of ``jobs_worker``'s scaling here."""
     from django.db import connection
     from django.db.models import Max, Min
 
@@ -268,23 +275,39 @@ def bench_lean(count: int, contract: bool = False) -> tuple[float, float]:
     command = [sys.executable, "-m", "tests.benchmarks.lean_jobs", BENCH_DB]
     if contract:
         command.append("--contract")
-    child = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE)
+    children = [
+        subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE)
+        for _ in range(processes)
+    ]
+    pids = [child.pid for child in children]
     try:
         time.sleep(3.0 if contract else 1.0)  # imports, sets up; nothing is due yet
+        ticks_before = machine_ticks()
+        own_before = common.process_cpu(pids)
+        released = time.perf_counter()
         with connection.cursor() as cursor:
             cursor.execute("UPDATE django_outbox_job SET available_at = now()")
         done = Job.objects.filter(state=JobState.SUCCESSFUL)
         deadline = time.monotonic() + 900
         while done.count() < count:
-            if time.monotonic() > deadline or child.poll() is not None:
+            if time.monotonic() > deadline or any(c.poll() is not None for c in children):
                 raise RuntimeError(f"the lean loop ran {done.count()} of {count} jobs")
             time.sleep(0.1)
         finished = time.perf_counter()
+        ticks = [a - b for a, b in zip(machine_ticks(), ticks_before, strict=True)]
+        own = common.process_cpu(pids) - own_before
     finally:
-        child.terminate()
-        out, _ = child.communicate(timeout=60)
-    report = json.loads(out.decode().strip().splitlines()[-1])
-    (CONTRACT_CPU if contract else LEAN_CPU).append(report["cpu"] / count)
+        for child in children:
+            child.terminate()
+        outs = [child.communicate(timeout=60)[0] for child in children]
+    cpu = sum(json.loads(out.decode().strip().splitlines()[-1])["cpu"] for out in outs)
+    if processes == 1:
+        (CONTRACT_CPU if contract else LEAN_CPU).append(cpu / count)
+    if own:  # measured from outside over the drain, as jobs_worker's is
+        busy = 1 - ticks[1] / ticks[0] if ticks[0] else float("nan")
+        rest = busy * (os.cpu_count() or 1) * (finished - released) - own
+        name = "lean loop + Tasks contract" if contract else "lean loop"
+        LEAN_MACHINE.setdefault((name, processes), []).append((busy, own / count, rest / count))
     span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return steady_rate(count, span["first"], span["last"]), count / (finished - launched)
 
@@ -518,6 +541,7 @@ def main() -> None:
         "jobs_worker, 1 process, jobs on their last attempt": [],
         "lean claim-run-record loop, 1 process": [],
         "lean loop + Django's Tasks contract, 1 process": [],
+        "lean loop + Django's Tasks contract, 2 processes": [],
         "Celery worker, solo pool (Redis)": [],
         "django-tasks-db db_worker, 1 process": [],
     }
@@ -531,6 +555,9 @@ def main() -> None:
         runs["lean claim-run-record loop, 1 process"].append(bench_lean(args.jobs))
         runs["lean loop + Django's Tasks contract, 1 process"].append(
             bench_lean(args.jobs, contract=True)
+        )
+        runs["lean loop + Django's Tasks contract, 2 processes"].append(
+            bench_lean(args.jobs, contract=True, processes=2)
         )
         runs["Celery worker, solo pool (Redis)"].append(bench_celery(args.celery_tasks))
         if PEER:
@@ -549,6 +576,8 @@ def main() -> None:
     celery = medians["Celery worker, solo pool (Redis)"][0]
     db_worker = medians.get("django-tasks-db db_worker, 1 process", (float("nan"), 0))[0]
     two = medians["jobs_worker, 2 processes"][0]
+    lean_one = medians["lean loop + Django's Tasks contract, 1 process"][0]
+    lean_two = medians["lean loop + Django's Tasks contract, 2 processes"][0]
     print(
         f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()} · "
         f"median of {args.repeat}\n"
@@ -562,7 +591,7 @@ def main() -> None:
         f"one finished; a worker's start-up, polling and stop, {idle[1]:.2f} s, left out):\n"
     )
     print(
-        f"| jobs_worker | machine CPU busy ({os.cpu_count()} cores = 100 %) | worker CPU per "
+        f"| worker | machine CPU busy ({os.cpu_count()} cores = 100 %) | worker CPU per "
         "job | PostgreSQL (the rest) per job |"
     )
     print("|---|---:|---:|---:|")
@@ -571,6 +600,12 @@ def main() -> None:
         print(
             f"| {processes} process(es), jobs of {attempts} attempt(s) | {busy:.0%} "
             f"| {per_job * 1e6:.0f} µs | {rest * 1e6:.0f} µs |"
+        )
+    for (name, processes), samples in sorted(LEAN_MACHINE.items()):
+        busy, per_job, rest = (statistics.median(s[i] for s in samples) for i in range(3))
+        print(
+            f"| {name}, {processes} process(es) | {busy:.0%} | {per_job * 1e6:.0f} µs "
+            f"| {rest * 1e6:.0f} µs |"
         )
     ours_cpu = statistics.median(s[1] for s in CPU[(1, DEFAULT_ATTEMPTS)])
     last_cpu = statistics.median(s[1] for s in CPU[(1, 1)])
@@ -585,6 +620,11 @@ def main() -> None:
         f"The lean loop doing what Django's Tasks API asks (a TaskResult, task_started and "
         f"task_finished per job): {contract_cpu * 1e6:.0f} µs a job; jobs_worker is "
         f"{ours_cpu / contract_cpu:.2f}x that floor"
+    )
+    print(
+        f"Two processes of one: jobs_worker {two / one:.2f}x; the lean loop with the Tasks "
+        f"contract {lean_two / lean_one:.2f}x (what this machine's cores allow beside "
+        "PostgreSQL)"
     )
     print("\n| transaction | tx/s | ratio of medians | median of per-round ratios |")
     print("|---|---:|---:|---:|")
