@@ -75,10 +75,7 @@ class FastInsert:
             raw[name] if name in raw else prepare(row[name], connection)
             for name, prepare in self.params
         ]
-        # Without a guard the values go apart from the statement (``binding_cursor``):
-        # quoting them into its text cost more than the rest of the call's client side.
-        opened = connection.cursor() if self.guard_fields else binding_cursor(connection)
-        with opened as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(self.sql, params)
             returned = cursor.fetchone()
         if returned is None:
