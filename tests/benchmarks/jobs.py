@@ -541,8 +541,8 @@ def main() -> None:
         "jobs_worker, 2 processes": [],
         "jobs_worker, 1 process, jobs on their last attempt": [],
         "lean claim-run-record loop, 1 process": [],
-        "lean loop + Django's Tasks contract, 1 process": [],
-        "lean loop + Django's Tasks contract, 2 processes": [],
+        f"{CONTRACT_LOOP}, 1 process": [],
+        f"{CONTRACT_LOOP}, 2 processes": [],
         "Celery worker, solo pool (Redis)": [],
         "django-tasks-db db_worker, 1 process": [],
     }
@@ -554,10 +554,8 @@ def main() -> None:
             bench_ours(args.jobs, 1, idle[1], attempts=1)
         )
         runs["lean claim-run-record loop, 1 process"].append(bench_lean(args.jobs))
-        runs["lean loop + Django's Tasks contract, 1 process"].append(
-            bench_lean(args.jobs, contract=True)
-        )
-        runs["lean loop + Django's Tasks contract, 2 processes"].append(
+        runs[f"{CONTRACT_LOOP}, 1 process"].append(bench_lean(args.jobs, contract=True))
+        runs[f"{CONTRACT_LOOP}, 2 processes"].append(
             bench_lean(args.jobs, contract=True, processes=2)
         )
         runs["Celery worker, solo pool (Redis)"].append(bench_celery(args.celery_tasks))
@@ -577,8 +575,8 @@ def main() -> None:
     celery = medians["Celery worker, solo pool (Redis)"][0]
     db_worker = medians.get("django-tasks-db db_worker, 1 process", (float("nan"), 0))[0]
     two = medians["jobs_worker, 2 processes"][0]
-    lean_one = medians["lean loop + Django's Tasks contract, 1 process"][0]
-    lean_two = medians["lean loop + Django's Tasks contract, 2 processes"][0]
+    lean_one = medians[f"{CONTRACT_LOOP}, 1 process"][0]
+    lean_two = medians[f"{CONTRACT_LOOP}, 2 processes"][0]
     print(
         f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()} · "
         f"median of {args.repeat}\n"
