@@ -27,6 +27,7 @@ import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, cast
 
 from django.conf import settings as django_settings
@@ -300,7 +301,16 @@ class Source:
     def header(self, role: str, default: str) -> str:
         """The header that carries *role* (``type``, ``key``, ``sequence``, ``message_id``)
         for this source: the outbox's own unless the source maps another producer's."""
-        return str(self.options.get(f"{role}_header") or default).lower()
+        return self._mapped_headers.get(role) or default.lower()
+
+    @cached_property
+    def _mapped_headers(self) -> dict[str, str]:
+        # Read for every message a consumer or the webhook takes, four times or more.
+        return {
+            name.removesuffix("_header"): str(value).lower()
+            for name, value in self.options.items()
+            if name.endswith("_header") and value
+        }
 
 
 @dataclass(frozen=True)

@@ -297,6 +297,9 @@ def counted_on_commit(part: str, name: str, label: str, using: str, number: int 
     (at once outside one): a rolled-back ``send()`` is not counted."""
     if number > 0 and enabled():
         counter = _child(get().extra[part, name], label)
+        if not transaction.get_connection(using).in_atomic_block:
+            counter.inc(number)  # committed already (autocommit)
+            return
         transaction.on_commit(lambda: counter.inc(number), using=using)
 
 

@@ -64,6 +64,8 @@ _SIGNATURE_NAME = SIGNATURE_HEADER.lower().encode()
 _IDEMPOTENCY_NAME = IDEMPOTENCY_HEADER.lower().encode()
 
 HeaderValue = str | bytes
+#: Headers by name: text (a request's, ``str`` values taken as UTF-8) or the bytes sent.
+Headers = Mapping[str, HeaderValue] | Mapping[bytes, bytes]
 
 
 class SignatureError(ValueError):
@@ -89,7 +91,7 @@ def _netstring(data: bytes) -> bytes:
 
 
 def signed_headers(
-    headers: Mapping[str, HeaderValue], *, also_cover: Iterable[str] = ()
+    headers: Headers, *, also_cover: Iterable[str] = ()
 ) -> list[tuple[bytes, bytes]]:
     """The headers a v2 signature covers: ``(lower-case name, value)`` bytes, sorted by name.
 
@@ -116,7 +118,7 @@ def signed_headers(
 
 def canonical(
     timestamp: int,
-    headers: Mapping[str, HeaderValue],
+    headers: Headers,
     body: bytes,
     *,
     also_cover: Iterable[str] = (),
@@ -139,7 +141,7 @@ def _key(secret: str | bytes) -> bytes:
 def _digest_v2(
     secret: str | bytes,
     timestamp: int,
-    headers: Mapping[str, HeaderValue],
+    headers: Headers,
     body: bytes,
     also_cover: Iterable[str],
 ) -> str:
@@ -160,7 +162,7 @@ def sign(
     secret: str | bytes,
     body: bytes,
     *,
-    headers: Mapping[str, HeaderValue],
+    headers: Headers,
     also_cover: Iterable[str] = (),
     timestamp: int | None = None,
 ) -> str:
@@ -237,7 +239,7 @@ def check(
     body: bytes,
     header: str | None,
     *,
-    headers: Mapping[str, HeaderValue],
+    headers: Headers,
     also_cover: Iterable[str] = (),
     tolerance: float = DEFAULT_TOLERANCE_SECONDS,
     now: float | None = None,
@@ -291,7 +293,7 @@ def verify(
     body: bytes,
     header: str | None,
     *,
-    headers: Mapping[str, HeaderValue],
+    headers: Headers,
     also_cover: Iterable[str] = (),
     tolerance: float = DEFAULT_TOLERANCE_SECONDS,
     now: float | None = None,

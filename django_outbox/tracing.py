@@ -306,8 +306,14 @@ def publish(
 
 
 def receiving(source: Source, arrivals: Sequence[Arrival]) -> AbstractContextManager[Any]:
-    """A ``receive`` span for the block in which a consumer stores *arrivals*."""
+    """A ``receive`` span for the block in which a consumer stores *arrivals*. None when
+    no span would be recorded and no arrival carries a context: the span would only pass
+    the current context on (see :func:`recording`), and a webhook delivery pays for it."""
     if not enabled() or not arrivals:
+        return _NULL
+    if not recording() and not any(
+        a.headers.get(TRACEPARENT) or a.headers.get(SENTRY_TRACE) for a in arrivals
+    ):
         return _NULL
     ids = [str(a.headers.get(HEADER_MESSAGE_ID) or a.transport_id or "") for a in arrivals[:2]]
     attributes = _batch_attributes(

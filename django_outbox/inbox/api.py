@@ -59,6 +59,31 @@ def receive(
         correlation_id=correlation_id,
     )
     using = using or router.db_for_write(InboxMessage)
+    message = _insert(using, row, text, trigger=trigger, build=True)
+    if message is None:
+        metrics.counted_on_commit("inbox", "duplicates", source, using)
+        return _stored(using, source, row["message_id"]), False
+    metrics.counted_on_commit("inbox", "received", source, using)
+    return message, True
+
+
+def receive_prepared(prepared: tuple[dict[str, Any], str], *, using: str | None = None) -> bool:
+    """Store one message ``prepare()`` made, as ``receive()`` does (its handler triggered
+    on commit), and say whether it was new. Builds no row object and reads nothing back
+    for a duplicate: for a caller that answers with the id alone (the webhook view)."""
+    row, text = prepared
+    using = using or router.db_for_write(InboxMessage)
+    created = _insert(using, row, text, trigger=True, build=False) is not None
+    metrics.counted_on_commit(
+        "inbox", "received" if created else "duplicates", row["source"], using
+    )
+    return created
+
+
+def _insert(using: str, row: dict[str, Any], text: str, *, trigger: bool, build: bool) -> Any:
+    """Insert a prepared message unless its id is stored; ``None`` for a duplicate, else
+    the new row (with *build*) or its primary key. A new row's handler is triggered on
+    commit unless *trigger* is false."""
     connection = connections[using]
     # NOTIFY mode on PostgreSQL, as send() does: the INSERT queues the notification of
     # a new row itself, delivered at commit (once per transaction), instead of an
@@ -74,18 +99,22 @@ def receive(
         # One statement: INSERT … ON CONFLICT DO NOTHING RETURNING. A duplicate
         # inserts nothing, takes no savepoint and leaves the transaction alone.
         statement = _statement(connection, notify)
-        message = statement.run(connection, row, raw={"payload": text})
-        if message is None and _forgotten(using, source, row["message_id"]):
-            message = statement.run(connection, row, raw={"payload": text})
+        insert = statement.run if build else statement.run_bare
+        raw = {"payload": text}
+        inserted = insert(connection, row, raw)
+        if inserted is None and _forgotten(using, row["source"], row["message_id"]):
+            inserted = insert(connection, row, raw)
+        if inserted is None:
+            return None
+        new = inserted if build else inserted[0]
     else:
         message = _insert_with_savepoint(using, row)
-    if message is None:
-        metrics.counted_on_commit("inbox", "duplicates", source, using)
-        return _stored(using, source, row["message_id"]), False
+        if message is None:
+            return None
+        new = message if build else message.pk
     if trigger and notify is None:
-        triggers.schedule("inbox", using, message.pk)
-    metrics.counted_on_commit("inbox", "received", source, using)
-    return message, True
+        triggers.schedule("inbox", using, new.pk if build else new)
+    return new
 
 
 def prepare(

@@ -519,3 +519,37 @@ def test_notify_mode_tells_nothing_of_a_duplicate_or_a_rollback(configure_outbox
         assert not InboxMessage.objects.filter(message_id="d-2").exists()
     finally:
         listener.close()
+
+
+def test_receive_prepared_stores_once_and_triggers_the_new_message_only(
+    configure_outbox, monkeypatch
+):
+    """The webhook view's store: as receive() for the row and its trigger, and it says
+    only whether the message was new."""
+    from django_outbox.engine import triggers
+    from django_outbox.inbox.api import prepare, receive_prepared
+
+    configure_outbox(DISPATCH="celery")
+    scheduled = []
+    monkeypatch.setattr(triggers, "schedule", lambda part, using, pk: scheduled.append((part, pk)))
+    prepared = prepare(
+        "payment.captured",
+        {"order": "p1", "amount": "1.50"},
+        source="shop",
+        message_id="p-1",
+        key="order-p1",
+        sequence=3,
+        headers={"x-n": "1"},
+    )
+    assert receive_prepared(prepared) is True
+    assert receive_prepared(prepared) is False
+    stored = InboxMessage.objects.get(source="shop", message_id="p-1")
+    assert (stored.type, stored.payload, stored.key, stored.sequence, stored.headers) == (
+        "payment.captured",
+        {"order": "p1", "amount": "1.50"},
+        "order-p1",
+        3,
+        {"x-n": "1"},
+    )
+    assert stored.state == InboxState.SHOULD_BE_HANDLED
+    assert scheduled == [("inbox", stored.pk)]

@@ -131,6 +131,19 @@ def test_a_rolled_back_send_is_not_counted_as_enqueued():
     assert sample("django_outbox_outbox_enqueued_total", destination="default") == before + 1
 
 
+def test_a_receive_outside_a_transaction_is_counted_at_once_one_rolled_back_never():
+    before = sample("django_outbox_inbox_received_total", source="counted")
+    django_outbox.receive("order.paid", {}, source="counted", message_id="c-1")
+    assert sample("django_outbox_inbox_received_total", source="counted") == before + 1
+    with pytest.raises(RuntimeError), transaction.atomic():
+        django_outbox.receive("order.paid", {}, source="counted", message_id="c-2")
+        raise RuntimeError("rolled back")
+    with transaction.atomic():
+        django_outbox.receive("order.paid", {}, source="counted", message_id="c-3")
+        assert sample("django_outbox_inbox_received_total", source="counted") == before + 1
+    assert sample("django_outbox_inbox_received_total", source="counted") == before + 2
+
+
 def test_metrics_off_counts_nothing_in_prometheus_but_the_chart_still_counts(
     configure_outbox,
 ):

@@ -356,6 +356,38 @@ def test_the_webhook_reads_the_trace_headers_unsigned(spans, client, configure_o
     assert f"{receive.parent.span_id:016x}" == producer[36:52]
 
 
+def test_without_a_tracer_provider_the_webhook_keeps_the_context_current_around_it(
+    client, configure_outbox
+):
+    """No provider: a delivery with no context of its own gets no receive span (it would
+    record nothing) and stores the context current around the view, as the span would
+    have passed it on; one that carries a context keeps its own."""
+    secret = "s3cret"
+    configure_outbox(INBOX={"SOURCES": {"partner": {"TRANSPORT": "webhook", "SECRET": secret}}})
+    assert not tracing.recording()
+    around = SpanContext(
+        trace_id=0xCC, span_id=0xDD, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+    )
+    producer = "00-000000000000000000000000000000aa-00000000000000bb-01"
+    for message_id, extra in (("m-plain", {}), ("m-carried", {"traceparent": producer})):
+        body = b"{}"
+        signed = {"outbox-type": "trace.test", "outbox-message-id": message_id}
+        with trace.use_span(NonRecordingSpan(around)):
+            response = client.post(
+                reverse("django_outbox:webhook", args=["partner"]),
+                data=body,
+                content_type="application/json",
+                headers={
+                    "Outbox-Signature": signing.sign(secret, body, headers=signed),
+                    **signed,
+                    **extra,
+                },
+            )
+        assert response.status_code == 200, response.content
+    stored = {m.message_id: m.headers["traceparent"] for m in InboxMessage.objects.all()}
+    assert stored == {"m-plain": traceparent_of(NonRecordingSpan(around)), "m-carried": producer}
+
+
 @pytest.mark.rabbitmq
 def test_the_trace_headers_travel_through_rabbitmq(spans, configure_outbox, amqp_url, queue_name):
     configure_outbox(

@@ -117,7 +117,7 @@ def test_a_database_failure_answers_503_so_the_sender_retries(client, hooks, mon
         with connection.cursor() as cursor:
             cursor.execute("SELECT * FROM no_such_table_here")
 
-    monkeypatch.setattr(webhook, "receive", broken)
+    monkeypatch.setattr(webhook, "receive_prepared", broken)
     response = post(client, b"{}")
     assert response.status_code == 503
     assert not InboxMessage.objects.exists()

@@ -37,7 +37,7 @@ from django_outbox import metrics, signing, tracing
 from django_outbox.conf import SETTING_NAME, Source, get_settings
 from django_outbox.engine import triggers
 from django_outbox.exceptions import ConfigurationError, InvalidMessage
-from django_outbox.inbox.api import prepare, receive, receive_many
+from django_outbox.inbox.api import prepare, receive_many, receive_prepared
 from django_outbox.inbox.intake import REFUSED, Arrival, Parsed, Unreadable, parse
 from django_outbox.inbox.models import InboxMessage
 from django_outbox.wire import HEADER_KEY, HEADER_MESSAGE_ID, TRACE_HEADERS
@@ -76,9 +76,13 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         return _refuse(413, source, f"body of {len(body)} bytes is over {limit}")
     if batch:
         return _batch(config, body, signature)
-    wire = signing.wire_headers(request.headers)
     mapped = _mapped_headers(config)
-    problem = _signature_problem(config, mapped, body, signature, wire)
+    try:
+        # The headers the signature covers, as sent, picked once: the check reads them.
+        covered = signing.signed_headers(signing.wire_headers(request.headers), also_cover=mapped)
+    except signing.SignatureError as exc:
+        return _refuse(401, source, str(exc))
+    problem = _signature_problem(config, mapped, body, signature, dict(covered))
     if problem:
         return _refuse(401, source, problem)
     # The signed bytes back to the text the sender wrote: our HTTP transport (and any
@@ -86,7 +90,7 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     # them (Latin-1), a key "city:Zürich" would be stored as "city:ZÃ¼rich", another key
     # than the same message's over a broker.
     signed = {}
-    for name, value in signing.signed_headers(wire, also_cover=mapped):
+    for name, value in covered:
         try:
             signed[name.decode("latin-1")] = value.decode("utf-8")
         except UnicodeDecodeError:
@@ -97,11 +101,13 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     except Unreadable as exc:
         return _refuse(400, source, str(exc))
     try:
-        # No transaction of ours around it: receive() is one statement on PostgreSQL and
+        # No transaction of ours around it: the insert is one statement on PostgreSQL and
         # SQLite (INSERT … ON CONFLICT DO NOTHING, committed by itself) and takes its own
         # on MySQL; a BEGIN and a COMMIT would be two more round trips per delivery.
         with tracing.receiving(config, [arrival]):
-            _, created = receive(parsed.type, parsed.payload, source=source, **parsed.arguments())
+            created = receive_prepared(
+                prepare(parsed.type, parsed.payload, source=source, **parsed.arguments())
+            )
     except InvalidMessage as exc:
         return _refuse(400, source, str(exc))
     except DatabaseError:
@@ -325,7 +331,11 @@ def _mapped_headers(config: Source) -> set[str]:
 
 
 def _signature_problem(
-    config: Source, mapped: set[str], body: bytes, header: str | None, headers: dict[str, bytes]
+    config: Source,
+    mapped: set[str],
+    body: bytes,
+    header: str | None,
+    headers: Mapping[bytes, bytes],
 ) -> str:
     """Why the signature is not acceptable, or ``""``."""
     options = config.options
