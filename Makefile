@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-webhook bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-webhook bench-webhook-instructions bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -31,6 +31,7 @@ help:
 	@echo "make bench-relay-phases where the relay's CPU goes, phase by phase (thread CPU clocks)"
 	@echo "make flame  flame graphs (py-spy) of the relay and of jobs_worker into docs/img/"
 	@echo "make bench-webhook  the webhook under gunicorn against a bare INSERT, and commit → handled over HTTP"
+	@echo "make bench-webhook-instructions  instructions a delivery costs the webhook view and the bare INSERT view (valgrind)"
 	@echo "make bench-soak  eight minutes at a steady 700 items/s beside 5 million finished rows: latency, backlog, claim cost, vacuum, memory"
 	@echo "make bench-tracing  what tracing costs send() and the relay: off, the API alone, the SDK (see docs/benchmarks.md)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
@@ -192,6 +193,11 @@ flame: $(VENV)/.installed
 
 bench-webhook: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 6000 --repeat 3 --rate 500 --seconds 10 --batches 1,100
+
+# The instructions a delivery costs the webhook view against the bare INSERT view,
+# counted by valgrind (apt install valgrind): a figure the machine's noise does not move.
+bench-webhook-instructions: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.webhook_instructions --deliveries 500
 
 # A steady rate for eight minutes beside 5 million finished messages and jobs, nothing
 # purged (issue 17 §8): is anything growing? Its own database, made again; about 15
