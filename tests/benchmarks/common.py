@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 # Every harness measures production-like processes: with Django's DEBUG on, each query
 # goes through the debug cursor (timed, formatted and kept in connection.queries),
@@ -60,3 +61,48 @@ def process_cpu(pids: list[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / ticks
+
+
+def instructions(
+    module: str, arguments: list[str], cwd: Any, env: dict[str, str] | None, smoke: bool
+) -> int:
+    """Instructions valgrind (callgrind) counted in ``python -m module *arguments*``. With
+    *smoke* the process runs without valgrind and 0 is returned (a harness's CI run)."""
+    import re
+    import subprocess
+    import sys
+
+    command = [] if smoke else ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    command += [sys.executable, "-m", module, *arguments]
+    run = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({run.returncode}): {run.stderr[-2000:]}")
+    if smoke:
+        return 0
+    found = re.search(r"Collected : (\d+)", run.stderr)
+    if found is None:
+        raise RuntimeError(f"valgrind printed no count: {run.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def add_counting_arguments(parser: Any, child: tuple[str, ...]) -> None:
+    """The options of a harness that counts instructions with valgrind: ``--smoke`` (its
+    children run without valgrind, nothing counted: CI) and ``--child`` (one child's
+    work, *child* naming its values)."""
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="Run the child processes without valgrind and count nothing (CI: the harness runs).",
+    )
+    parser.add_argument("--child", nargs=len(child), metavar=child)
+
+
+def valgrind_missing(smoke: bool) -> bool:
+    """Whether valgrind is needed (not *smoke*) and not installed; says so on stderr."""
+    import shutil
+    import sys
+
+    if smoke or shutil.which("valgrind") is not None:
+        return False
+    print("valgrind is not installed (Debian: apt install valgrind)", file=sys.stderr)
+    return True

@@ -118,27 +118,42 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     while True:
-        token = uuid.uuid4()
-        with conn.transaction():
-            rows = conn.execute(CLAIM, {"token": token, "worker": worker}).fetchall()
-        if not rows:
+        if first_cpu is None:
+            started = time.process_time()
+        done = one_batch(conn, worker, run_job, functions)
+        if not done:
             time.sleep(0.05)
             continue
         if first_cpu is None:
-            first_cpu = time.process_time()
-        if run_job is not None:
-            for job_id, path, args, kwargs in rows:
-                run_job(str(job_id), path, args, kwargs)
-        else:
-            for _, path, args, kwargs in rows:
-                function = functions.get(path)
-                if function is None:
-                    function = functions[path] = noop  # every path here is a no-op
-                function(*args, **kwargs)
-        with conn.transaction():
-            conn.execute(RECORD, {"ids": [row[0] for row in rows], "token": token})
-        ran += len(rows)
+            first_cpu = started
+        ran += done
         last_cpu = time.process_time()
+
+
+def one_batch(
+    conn: psycopg.Connection[Any],
+    worker: uuid.UUID,
+    run_job: Callable[[str, str, list[Any], dict[str, Any]], None] | None,
+    functions: dict[str, Callable[..., Any]],
+) -> int:
+    """Claim a batch, run it, record it: the jobs it ran (0: nothing was due)."""
+    token = uuid.uuid4()
+    with conn.transaction():
+        rows = conn.execute(CLAIM, {"token": token, "worker": worker}).fetchall()
+    if not rows:
+        return 0
+    if run_job is not None:
+        for job_id, path, args, kwargs in rows:
+            run_job(str(job_id), path, args, kwargs)
+    else:
+        for _, path, args, kwargs in rows:
+            function = functions.get(path)
+            if function is None:
+                function = functions[path] = noop  # every path here is a no-op
+            function(*args, **kwargs)
+    with conn.transaction():
+        conn.execute(RECORD, {"ids": [row[0] for row in rows], "token": token})
+    return len(rows)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
-import shutil
 import subprocess
 import sys
 from datetime import date
@@ -85,29 +83,25 @@ def _environ(path: str, body: bytes, headers: dict[str, str]) -> dict[str, objec
     return environ
 
 
-def counted(prepared: int, posted: int, path: str) -> int:
-    """Instructions valgrind counted in a process posting *posted* deliveries to *path*."""
-    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
-    command += [sys.executable, "-m", "tests.benchmarks.webhook_instructions"]
-    command += ["--child", str(prepared), str(posted), path]
-    run = subprocess.run(command, cwd=latency.ROOT, capture_output=True, text=True, check=False)
-    found = re.search(r"Collected : (\d+)", run.stderr)
-    if run.returncode != 0 or found is None:
-        raise RuntimeError(f"valgrind run failed ({run.returncode}): {run.stderr[-2000:]}")
-    return int(found.group(1))
+def counted(prepared: int, posted: int, path: str, smoke: bool = False) -> int:
+    """Instructions valgrind counted in a process posting *posted* deliveries to *path*
+    (with *smoke*, the process runs without valgrind and 0 is returned)."""
+    arguments = ["--child", str(prepared), str(posted), path]
+    return common.instructions(
+        "tests.benchmarks.webhook_instructions", arguments, latency.ROOT, None, smoke
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deliveries", type=int, default=500)
-    parser.add_argument("--child", nargs=3, metavar=("PREPARED", "POSTED", "PATH"))
+    common.add_counting_arguments(parser, ("PREPARED", "POSTED", "PATH"))
     args = parser.parse_args()
     if args.child:
         prepared, posted, path = args.child
         post_in_process(int(prepared), int(posted), path)
         return 0
-    if shutil.which("valgrind") is None:
-        print("valgrind is not installed (Debian: apt install valgrind)", file=sys.stderr)
+    if common.valgrind_missing(args.smoke):
         return 2
     common.ensure_database(webhook.B_DB)
     subprocess.run(
@@ -119,8 +113,11 @@ def main() -> int:
     count = args.deliveries
     per_delivery = {}
     for name, path in VIEWS.items():
-        idle, busy = (counted(count, posted, path) for posted in (0, count))
+        idle, busy = (counted(count, posted, path, args.smoke) for posted in (0, count))
         per_delivery[name] = (busy - idle) / count
+    if args.smoke:
+        print(f"smoke run: both views answered {count} deliveries; nothing counted")
+        return 0
     bare = per_delivery["bare INSERT"]
     print(
         f"\n{date.today()} · valgrind (callgrind) · Python {sys.version.split()[0]} · "

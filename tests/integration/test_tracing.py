@@ -325,26 +325,39 @@ def test_inbox_consume_receives_a_batch_in_one_span_linked_to_each_producer(
     assert parents == {(p.trace_id, p.span_id) for p in producers}
 
 
-def test_the_webhook_reads_the_trace_headers_unsigned(spans, client, configure_outbox):
-    secret = "s3cret"
-    configure_outbox(INBOX={"SOURCES": {"partner": {"TRANSPORT": "webhook", "SECRET": secret}}})
-    producer = "00-000000000000000000000000000000aa-00000000000000bb-01"
+WEBHOOK_SECRET = "s3cret"
+
+
+def post_to_webhook(client, configure_outbox, message_id, unsigned):
+    """POST a signed delivery of *message_id* to a ``partner`` webhook source, with the
+    *unsigned* headers besides; assert it was answered 200."""
+    configure_outbox(
+        INBOX={"SOURCES": {"partner": {"TRANSPORT": "webhook", "SECRET": WEBHOOK_SECRET}}}
+    )
     body = b"{}"
-    signed = {"outbox-type": "trace.test", "outbox-message-id": "m-1"}
+    signed = {"outbox-type": "trace.test", "outbox-message-id": message_id}
     response = client.post(
         reverse("django_outbox:webhook", args=["partner"]),
         data=body,
         content_type="application/json",
         headers={
-            "Outbox-Signature": signing.sign(secret, body, headers=signed),
+            "Outbox-Signature": signing.sign(WEBHOOK_SECRET, body, headers=signed),
             **signed,
-            "traceparent": producer,
-            "sentry-trace": "0123456789abcdef0123456789abcdef-0123456789abcdef-1",
-            "baggage": "sentry-trace_id=0123456789abcdef0123456789abcdef",
-            "x-other": "not part of the envelope",
+            **unsigned,
         },
     )
     assert response.status_code == 200, response.content
+
+
+def test_the_webhook_reads_the_trace_headers_unsigned(spans, client, configure_outbox):
+    producer = "00-000000000000000000000000000000aa-00000000000000bb-01"
+    unsigned = {
+        "traceparent": producer,
+        "sentry-trace": "0123456789abcdef0123456789abcdef-0123456789abcdef-1",
+        "baggage": "sentry-trace_id=0123456789abcdef0123456789abcdef",
+        "x-other": "not part of the envelope",
+    }
+    post_to_webhook(client, configure_outbox, "m-1", unsigned)
     assert InboxMessage.objects.get().headers == {
         "traceparent": producer,
         "sentry-trace": "0123456789abcdef0123456789abcdef-0123456789abcdef-1",
@@ -362,28 +375,14 @@ def test_without_a_tracer_provider_the_webhook_keeps_the_context_current_around_
     """No provider: a delivery with no context of its own gets no receive span (it would
     record nothing) and stores the context current around the view, as the span would
     have passed it on; one that carries a context keeps its own."""
-    secret = "s3cret"
-    configure_outbox(INBOX={"SOURCES": {"partner": {"TRANSPORT": "webhook", "SECRET": secret}}})
     assert not tracing.recording()
     around = SpanContext(
         trace_id=0xCC, span_id=0xDD, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)
     )
     producer = "00-000000000000000000000000000000aa-00000000000000bb-01"
-    for message_id, extra in (("m-plain", {}), ("m-carried", {"traceparent": producer})):
-        body = b"{}"
-        signed = {"outbox-type": "trace.test", "outbox-message-id": message_id}
+    for message_id, unsigned in (("m-plain", {}), ("m-carried", {"traceparent": producer})):
         with trace.use_span(NonRecordingSpan(around)):
-            response = client.post(
-                reverse("django_outbox:webhook", args=["partner"]),
-                data=body,
-                content_type="application/json",
-                headers={
-                    "Outbox-Signature": signing.sign(secret, body, headers=signed),
-                    **signed,
-                    **extra,
-                },
-            )
-        assert response.status_code == 200, response.content
+            post_to_webhook(client, configure_outbox, message_id, unsigned)
     stored = {m.message_id: m.headers["traceparent"] for m in InboxMessage.objects.all()}
     assert stored == {"m-plain": traceparent_of(NonRecordingSpan(around)), "m-carried": producer}
 
