@@ -301,11 +301,12 @@ class Source:
     def header(self, role: str, default: str) -> str:
         """The header that carries *role* (``type``, ``key``, ``sequence``, ``message_id``)
         for this source: the outbox's own unless the source maps another producer's."""
-        return self._mapped_headers.get(role) or default.lower()
+        return self.mapped_headers.get(role) or default.lower()
 
     @cached_property
-    def _mapped_headers(self) -> dict[str, str]:
-        # Read for every message a consumer or the webhook takes, four times or more.
+    def mapped_headers(self) -> dict[str, str]:
+        """The headers this source maps (``TYPE_HEADER`` …), lower-case, by role. Read
+        once: every message a consumer or the webhook takes asks four times or more."""
         return {
             name.removesuffix("_header"): str(value).lower()
             for name, value in self.options.items()

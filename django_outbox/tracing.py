@@ -306,9 +306,9 @@ def publish(
 
 
 def receiving(source: Source, arrivals: Sequence[Arrival]) -> AbstractContextManager[Any]:
-    """A ``receive`` span for the block in which a consumer stores *arrivals*. None when
-    no span would be recorded and no arrival carries a context: the span would only pass
-    the current context on (see :func:`recording`), and a webhook delivery pays for it."""
+    """A ``receive`` span for the block in which a consumer stores *arrivals*; no span
+    when none would be recorded and no arrival carries a context: it would only pass the
+    current context on (see :func:`recording`), and a webhook delivery would pay for it."""
     if not enabled() or not arrivals:
         return _NULL
     if not recording() and not any(

@@ -327,7 +327,7 @@ def _store_batch(readable: list[_Readable], results: list[dict[str, str]], using
 
 def _mapped_headers(config: Source) -> set[str]:
     """The headers *config* reads the id, type, key and sequence from, if not ``outbox-*``."""
-    return {config.header(role, "") for role in ("type", "key", "sequence", "message_id")} - {""}
+    return set(config.mapped_headers.values())
 
 
 def _signature_problem(
