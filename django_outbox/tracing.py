@@ -172,20 +172,29 @@ def recording() -> bool:
 # -- the context stored with rows ------------------------------------------------------
 
 
-def inject(headers: dict[str, str]) -> None:
+def inject(headers: dict[str, str], context: Mapping[str, str] | None = None) -> None:
     """Add the current context to *headers* (a row's, in ``send()`` and ``receive()``)
     unless they carry a ``traceparent`` already: a message keeps the context it came
-    with. With neither a valid span nor baggage current there is nothing to carry, and
-    the propagator is not asked (it costs ``send()`` more than both lookups)."""
+    with. *context* is ``context_headers()`` read by the caller once for a batch;
+    ``None`` reads it now."""
     for name in headers:
         if name.lower() == TRACEPARENT:
             return
+    if context is None:
+        context = context_headers()
+    for name, value in context.items():
+        headers.setdefault(name, value)
+
+
+def context_headers() -> dict[str, str]:
+    """The headers that carry the current context (``traceparent``, ``baggage``): empty
+    with neither a valid span nor baggage current, without asking the propagator (it
+    costs ``send()`` more than both lookups)."""
     if not trace.get_current_span().get_span_context().is_valid and not baggage.get_all():
-        return
+        return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
-    for name, value in carrier.items():
-        headers.setdefault(name, value)
+    return carrier
 
 
 def current_traceparent() -> str:

@@ -127,9 +127,16 @@ def prepare(
     sequence: int | None = None,
     headers: Mapping[str, str] | None = None,
     correlation_id: str | None = None,
+    decoded: bool = False,
+    context: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Check ``receive()``'s arguments; return the row's fields and the payload's JSON
-    text, or raise ``InvalidMessage``."""
+    text, or raise ``InvalidMessage``.
+
+    *decoded* says the payload is what ``json.loads`` made of a body: it is stored as it
+    is, since decoding its JSON text again would only give it back equal. *context* is
+    the trace context to add to the headers, ``tracing.context_headers()`` read once
+    for a batch (``None``: read here)."""
     check_text("type", type, MAX_TYPE_LENGTH, required=True)
     check_text("source", source, MAX_SOURCE_LENGTH, required=True)
     if isinstance(message_id, uuid.UUID):
@@ -147,14 +154,14 @@ def prepare(
         raise InvalidMessage("a sequence needs a key: it orders the messages of one key")
     header_map = check_headers(headers)
     if tracing.enabled():
-        tracing.inject(header_map)
+        tracing.inject(header_map, context)
     text, _ = encode_json(payload, what=f"payload of {type!r}")
     row = {
         "source": source,
         "message_id": message_id,
         "type": type,
         # What is stored, not what was passed (Decimal and datetime become strings).
-        "payload": json.loads(text),
+        "payload": payload if decoded else json.loads(text),
         "headers": header_map,
         "key": key,
         "sequence": sequence,

@@ -29,6 +29,7 @@ from typing import Any
 
 from django.db import DataError, IntegrityError, router, transaction
 
+from django_outbox import tracing
 from django_outbox.conf import Source
 from django_outbox.engine import clock, partitions
 from django_outbox.exceptions import InvalidMessage
@@ -109,6 +110,20 @@ class Parsed:
     sequence: int | None
     correlation_id: str | None
     headers: dict[str, str]
+
+    def prepared(
+        self, source: str, context: Mapping[str, str] | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """``prepare()`` of this message from *source* (its payload decoded already;
+        *context* as ``prepare()`` takes it), or raise ``InvalidMessage``."""
+        return prepare(
+            self.type,
+            self.payload,
+            source=source,
+            decoded=True,
+            context=context,
+            **self.arguments(),
+        )
 
     def arguments(self) -> dict[str, Any]:
         """``receive()``'s (and ``prepare()``'s) keyword arguments but ``source``."""
@@ -327,14 +342,10 @@ def store_many(arrivals: Sequence[Arrival], *, using: str | None = None) -> Stor
     """
     stored = Stored()
     prepared = []
+    context = tracing.context_headers() if tracing.enabled() else None
     for arrival in arrivals:
         try:
-            parsed = parse(arrival)
-            prepared.append(
-                prepare(
-                    parsed.type, parsed.payload, source=arrival.source.name, **parsed.arguments()
-                )
-            )
+            prepared.append(parse(arrival).prepared(arrival.source.name, context))
         except (Unreadable, InvalidMessage) as exc:
             _, created = store_unreadable(arrival, str(exc), using=using)
             if created:

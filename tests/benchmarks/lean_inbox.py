@@ -39,10 +39,12 @@ WHERE id = ANY(%(ids)s)
 """
 
 
-def main() -> None:
-    url, queue, dsn, idle = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+def consume(url: str, queue: str, dsn: str, idle: float, max_messages: int | None = None) -> int:
+    """Consume *queue* until IDLE seconds pass without a message, or *max_messages* are
+    handled; returns how many were handled."""
     db = psycopg.connect(dsn)
     pending: list[Any] = []
+    handled = 0
 
     def flush() -> None:
         ids, types, payloads = [], [], []
@@ -60,7 +62,7 @@ def main() -> None:
         last.channel.basic_ack(last.delivery_tag, multiple=True)
         pending.clear()
 
-    with kombu.Connection(url) as conn:
+    with db, kombu.Connection(url) as conn:
         consumer = conn.Consumer(
             [kombu.Queue(queue, durable=True)],
             on_message=pending.append,
@@ -68,7 +70,7 @@ def main() -> None:
         )
         with consumer:
             waited = 0.0
-            while True:
+            while max_messages is None or handled < max_messages:
                 try:
                     conn.drain_events(timeout=0.05)
                     waited = 0.0
@@ -79,7 +81,14 @@ def main() -> None:
                     if not pending and waited >= idle:
                         break
                 if pending:
+                    handled += len(pending)
                     flush()
+    return handled
+
+
+def main() -> None:
+    url, queue, dsn, idle = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    consume(url, queue, dsn, idle)
 
 
 if __name__ == "__main__":

@@ -142,6 +142,29 @@ def test_receive_keeps_the_context_a_message_came_with_else_stores_the_current_o
     assert InboxMessage.objects.get(pk=plain.pk).headers == {"traceparent": traceparent_of(span)}
 
 
+def test_a_stored_batch_gives_its_messages_the_current_context_unless_they_carry_one(spans):
+    """``inbox_consume``'s path: the context is read once for the batch, and each
+    message without a context of its own gets it."""
+    from django_outbox.conf import Source
+    from django_outbox.inbox.intake import Arrival, store_many
+
+    producer = "00-000000000000000000000000000000aa-00000000000000bb-01"
+    source = Source(name="s", transport="kombu")
+    arrivals = [
+        Arrival(source, b"{}", {"outbox-message-id": f"m-{n}", "outbox-type": "t", **extra})
+        for n, extra in enumerate([{}, {"traceparent": producer}, {}])
+    ]
+    with spans.tracer.start_as_current_span("consumer") as span:
+        stored = store_many(arrivals)
+    assert len(stored.rows) == 3
+    headers = {m.message_id: m.headers for m in InboxMessage.objects.all()}
+    assert headers == {
+        "m-0": {"traceparent": traceparent_of(span)},
+        "m-1": {"traceparent": producer},
+        "m-2": {"traceparent": traceparent_of(span)},
+    }
+
+
 def test_a_traceparent_is_parsed_strictly():
     good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     context = tracing.parse_traceparent(good)

@@ -1,9 +1,12 @@
 """Reading a delivery: which content types are read as JSON (docs/inbox.md, "Bad input
 is kept, not dropped")."""
 
+import json
+
 import pytest
 
 from django_outbox.conf import Source
+from django_outbox.exceptions import InvalidMessage
 from django_outbox.inbox.intake import Arrival, Unreadable, parse
 from django_outbox.wire import HEADER_MESSAGE_ID, HEADER_TYPE
 
@@ -42,3 +45,20 @@ def test_other_content_types_are_unreadable(content_type):
 
     with pytest.raises(Unreadable, match=f"content type '{content_type}' is not JSON"):
         parse(arrival)
+
+
+def test_a_parsed_payload_is_prepared_as_it_was_read_and_checked_all_the_same():
+    """``Parsed.prepared`` stores what ``json.loads`` made of the body, not a second
+    decoding of its text: equal values, and what cannot be stored is still refused."""
+    parsed = parse(Arrival(SOURCE, b'{"total": 5.0, "items": [1, -0.0, "\\u00e9"]}', HEADERS))
+
+    row, text = parsed.prepared(SOURCE.name)
+
+    assert row["payload"] is parsed.payload
+    assert json.loads(text) == row["payload"] == {"total": 5.0, "items": [1, -0.0, "é"]}
+    not_finite = parse(Arrival(SOURCE, b'{"total": NaN}', HEADERS))
+    with pytest.raises(InvalidMessage, match="not JSON-serializable"):
+        not_finite.prepared(SOURCE.name)
+    with_nul = parse(Arrival(SOURCE, b'{"note": "a\\u0000b"}', HEADERS))
+    with pytest.raises(InvalidMessage, match="NUL character"):
+        with_nul.prepared(SOURCE.name)

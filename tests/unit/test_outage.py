@@ -1,9 +1,11 @@
-"""The retry budget of a consumer's outage (pure logic: the clock is passed in)."""
+"""The retry budget of a consumer's outage (pure logic: the clock is passed in), and how
+often it checks the broker's heartbeats."""
 
 import random
 
 import pytest
 
+from django_outbox.inbox.consumers.kombu import heartbeat_tick_seconds
 from django_outbox.inbox.consumers.outage import LONGEST_PAUSE, Outage
 
 
@@ -30,3 +32,14 @@ def test_no_budget_gives_up_at_the_first_failure():
 def test_an_infinite_budget_never_gives_up():
     outage = Outage(began=0.0, max_seconds=float("inf"))
     assert outage.next_pause(10.0**9) is not None
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "every"), [(60.0, 1.0), (10.0, 1.0), (2.0, 0.5), (1.0, 0.25), (0.0, 1.0)]
+)
+def test_the_consumer_checks_heartbeats_once_a_second_or_four_times_an_interval(
+    heartbeat, every
+):
+    """The broker's silence is noticed within a quarter of an interval of its deadline,
+    and the check is not paid on every message."""
+    assert heartbeat_tick_seconds(heartbeat) == every

@@ -37,7 +37,7 @@ from django_outbox import metrics, signing, tracing
 from django_outbox.conf import SETTING_NAME, Source, get_settings
 from django_outbox.engine import triggers
 from django_outbox.exceptions import ConfigurationError, InvalidMessage
-from django_outbox.inbox.api import prepare, receive_many, receive_prepared
+from django_outbox.inbox.api import receive_many, receive_prepared
 from django_outbox.inbox.intake import REFUSED, Arrival, Parsed, Unreadable, parse
 from django_outbox.inbox.models import InboxMessage
 from django_outbox.wire import HEADER_KEY, HEADER_MESSAGE_ID, TRACE_HEADERS
@@ -105,9 +105,7 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         # SQLite (INSERT … ON CONFLICT DO NOTHING, committed by itself) and takes its own
         # on MySQL; a BEGIN and a COMMIT would be two more round trips per delivery.
         with tracing.receiving(config, [arrival]):
-            created = receive_prepared(
-                prepare(parsed.type, parsed.payload, source=source, **parsed.arguments())
-            )
+            created = receive_prepared(parsed.prepared(source))
     except InvalidMessage as exc:
         return _refuse(400, source, str(exc))
     except DatabaseError:
@@ -194,7 +192,7 @@ def _batch(config: Source, body: bytes, signature: str | None) -> JsonResponse:
                     position,
                     arrival,
                     parsed,
-                    prepare(parsed.type, parsed.payload, source=source, **parsed.arguments()),
+                    parsed.prepared(source),
                 )
             )
         except (Unreadable, InvalidMessage) as exc:

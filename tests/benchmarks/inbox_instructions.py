@@ -1,0 +1,144 @@
+"""Instructions one message costs ``inbox_consume`` and the lean consumer, counted by
+valgrind: the same figure on a busy machine as on an idle one.
+
+    python -m tests.benchmarks.inbox_instructions --messages 5000
+
+``make bench-inbox``'s throughput ratio moves by a tenth between runs on two shared
+cores; a change of a few per cent to the consumer cannot be told from that. This
+counts what each consumer's Python process executes instead, in two variants:
+
+- ``inbox_consume``: the consumer behind ``manage.py inbox_consume`` (``KombuConsumer``,
+  batches of 500, each stored and handled by a no-op handler in one transaction and
+  acknowledged after the commit);
+- the lean consumer (``tests.benchmarks.lean_inbox``): one ``INSERT … ON CONFLICT DO
+  NOTHING`` a batch, marked handled in the same transaction, one multiple ack.
+
+Each runs in a process of its own under ``valgrind --tool=callgrind``, against the
+inbox benchmark's database and RabbitMQ queue: it publishes and consumes 500 messages
+to warm up, publishes ``--messages`` more, and consumes them or not; the difference
+between the two counts, divided by ``--messages``, is one message's own instructions.
+PostgreSQL's and RabbitMQ's work is not counted.
+
+Needs valgrind (Debian: ``apt install valgrind``); four runs under valgrind take about
+five minutes for 5,000 messages. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import date
+
+from tests.benchmarks import common
+from tests.benchmarks import inbox as harness
+
+#: The variants by the name ``--variants`` takes, with the label the table shows.
+VARIANTS = {"ours": "inbox_consume", "lean": "lean consumer"}
+WARM = 500
+
+
+def consume(variant: str, count: int) -> None:
+    """Consume *count* messages from the benchmark's queue, as *variant* does."""
+    from django.db import connection
+
+    from django_outbox.models import InboxMessage, InboxState
+
+    if variant == "ours":
+        from django_outbox.conf import get_settings
+        from django_outbox.inbox.consumers.kombu import KombuConsumer
+
+        source = get_settings().inbox.sources["bench"]
+        KombuConsumer(source, batch_size=500).run(max_messages=count)
+    else:
+        from tests.benchmarks import lean_inbox
+
+        lean_inbox.consume(harness.AMQP_URL, harness.QUEUE, harness.BENCH_DB, 5.0, count)
+    handled = InboxMessage.objects.filter(state=InboxState.HANDLED).count()
+    connection.close()
+    if handled < count:
+        raise RuntimeError(f"{variant} handled {handled} of {count} messages")
+
+
+def truncate() -> None:
+    from django.db import connection
+
+    from django_outbox.models import InboxCursor, InboxMessage
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {InboxMessage._meta.db_table}, {InboxCursor._meta.db_table}")
+
+
+def child(variant: str, count: int, consumed: bool) -> None:
+    """Warm *variant* up, then publish *count* messages and, if *consumed*, consume them."""
+    harness.setup_django()
+    from django_outbox.engine.loop import settle_heap
+
+    truncate()
+    harness.publish(WARM)
+    consume(variant, WARM)
+    truncate()
+    # As inbox_consume does before its loop: what start-up loaded out of the
+    # collector's sight. Both variants' processes have loaded Django.
+    settle_heap()
+    harness.publish(count)
+    if consumed:
+        consume(variant, count)
+
+
+def counted(variant: str, count: int, consumed: bool, smoke: bool = False) -> int:
+    """Instructions valgrind counted in a child process of *variant* (with *smoke*, the
+    child runs without valgrind and 0 is returned)."""
+    arguments = ["--child", variant, str(count), "consumed" if consumed else "published"]
+    env = dict(os.environ, OUTBOX_SETTINGS_JSON=json.dumps(harness.SETTINGS))
+    return common.instructions(
+        "tests.benchmarks.inbox_instructions", arguments, harness.ROOT, env, smoke
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"Which to count, comma-separated, of {', '.join(VARIANTS)} (default: all).",
+    )
+    common.add_counting_arguments(parser, ("VARIANT", "MESSAGES", "CONSUMED"))
+    args = parser.parse_args()
+    if args.child:
+        variant, count, consumed = args.child
+        child(variant, int(count), consumed == "consumed")
+        return 0
+    if common.valgrind_missing(args.smoke):
+        return 2
+    chosen = [name.strip() for name in args.variants.split(",") if name.strip()]
+    unknown = set(chosen) - set(VARIANTS)
+    if unknown or not chosen:
+        parser.error(f"--variants takes {', '.join(VARIANTS)}; got {args.variants!r}")
+    if args.messages % 500:
+        parser.error("--messages must be a multiple of 500 (the batch size)")
+    count = args.messages
+    per_message = {}
+    for variant in chosen:
+        published, consumed = (counted(variant, count, run, args.smoke) for run in (False, True))
+        per_message[VARIANTS[variant]] = (consumed - published) / count
+    if args.smoke:
+        print(f"smoke run: {', '.join(chosen)} consumed {count} messages without valgrind")
+        return 0
+    print(
+        f"\n{date.today()} · valgrind (callgrind) · Python {sys.version.split()[0]} · "
+        f"{count} messages a variant, RabbitMQ → PostgreSQL, batches of 500\n"
+    )
+    ours = per_message.get(VARIANTS["ours"])
+    print("| consumer | instructions a message | inbox_consume's of it |")
+    print("|---|---:|---:|")
+    for label, instructions in per_message.items():
+        ratio = f"{ours / instructions:.2f}x" if ours is not None else "-"
+        print(f"| {label} | {instructions:,.0f} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
