@@ -37,9 +37,7 @@ def test_an_infinite_budget_never_gives_up():
 @pytest.mark.parametrize(
     ("heartbeat", "every"), [(60.0, 1.0), (10.0, 1.0), (2.0, 0.5), (1.0, 0.25), (0.0, 1.0)]
 )
-def test_the_consumer_checks_heartbeats_once_a_second_or_four_times_an_interval(
-    heartbeat, every
-):
+def test_the_consumer_checks_heartbeats_once_a_second_or_four_times_an_interval(heartbeat, every):
     """The broker's silence is noticed within a quarter of an interval of its deadline,
     and the check is not paid on every message."""
     assert heartbeat_tick_seconds(heartbeat) == every
