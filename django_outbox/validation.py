@@ -6,7 +6,6 @@ headers) saying which value is wrong and why; nothing is stored.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +14,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from django_outbox.exceptions import InvalidMessage, PayloadError
 
+#: Made once: ``json.dumps`` with these options makes an encoder on every call.
+_ENCODER = DjangoJSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -25,9 +26,7 @@ def encode_json(value: Any, *, what: str) -> tuple[str, int]:
     if value is None:
         raise PayloadError(f"{what} is None; send a JSON object, list or value instead")
     try:
-        text = json.dumps(
-            value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False, separators=(",", ":")
-        )
+        text = _ENCODER.encode(value)
         encoded = text.encode("utf-8")
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) included
         raise PayloadError(f"{what} is not JSON-serializable: {exc}") from exc

@@ -315,10 +315,11 @@ def _literal(value: Any) -> str:
 def _bulk_preparer(field: Any) -> Callable[[Any, Any], Any]:
     """An element of a PostgreSQL array parameter: JSON as its text, the rest as usual."""
     if isinstance(field, models.JSONField):
-        encoder = field.encoder
+        # Made once, as ``json.dumps(value, cls=field.encoder)`` would make it each time.
+        text_of = (field.encoder or json.JSONEncoder)().encode
 
         def encode(value: Any, connection: Any) -> Any:
-            return None if value is None else json.dumps(value, cls=encoder)
+            return None if value is None else text_of(value)
 
         return encode
     return _preparer(field)

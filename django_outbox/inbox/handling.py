@@ -96,11 +96,14 @@ class Handling(Part):
         that had a failure; only its committed run counts (see docs/inbox.md).
         """
         # Messages of one key go in sequence order, so a shuffled delivery that
-        # lands in one batch is handled in order without waiting.
-        ordered = sorted(
-            rows,
-            key=lambda r: (r.key is None, r.source, r.key or "", r.sequence or 0, r.pk),
-        )
+        # lands in one batch is handled in order without waiting. Without keys, in
+        # the order they came.
+        ordered = rows
+        if any(r.key is not None for r in rows):
+            ordered = sorted(
+                rows,
+                key=lambda r: (r.key is None, r.source, r.key or "", r.sequence or 0, r.pk),
+            )
         deadline = attempt.deadline
         woken = self.woken
         try:
