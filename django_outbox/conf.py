@@ -304,6 +304,19 @@ class Source:
         return self.mapped_headers.get(role) or default.lower()
 
     @cached_property
+    def envelope_headers(self) -> tuple[str, str, str, str]:
+        """The headers of the message id, the type, the key and the sequence for this
+        source, worked out once (``intake.parse`` reads them for every message)."""
+        from django_outbox.wire import HEADER_KEY, HEADER_MESSAGE_ID, HEADER_SEQUENCE, HEADER_TYPE
+
+        return (
+            self.header("message_id", HEADER_MESSAGE_ID),
+            self.header("type", HEADER_TYPE),
+            self.header("key", HEADER_KEY),
+            self.header("sequence", HEADER_SEQUENCE),
+        )
+
+    @cached_property
     def mapped_headers(self) -> dict[str, str]:
         """The headers this source maps (``TYPE_HEADER`` …), lower-case, by role. Read
         once: every message a consumer or the webhook takes asks four times or more."""

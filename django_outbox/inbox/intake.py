@@ -47,7 +47,6 @@ from django_outbox.wire import (
     HEADER_CORRELATION_ID,
     HEADER_KEY,
     HEADER_MESSAGE_ID,
-    HEADER_SEQUENCE,
     HEADER_TYPE,
     STANDARD_HEADERS,
     lower_keys,
@@ -144,15 +143,16 @@ def parse(arrival: Arrival) -> Parsed:
         raise Unreadable(
             f"body of {len(arrival.body)} bytes is over the limit of {source.max_body_bytes}"
         )
-    content_type = (arrival.content_type or "").split(";")[0].strip().lower()
-    if content_type and content_type not in JSON_TYPES:
-        raise Unreadable(f"content type {content_type!r} is not JSON")
-    message_id = headers.get(source.header("message_id", HEADER_MESSAGE_ID)) or arrival.transport_id
+    content_type = arrival.content_type
+    if content_type and content_type not in JSON_TYPES:  # as sent, usually: no parsing
+        content_type = content_type.split(";")[0].strip().lower()
+        if content_type and content_type not in JSON_TYPES:
+            raise Unreadable(f"content type {content_type!r} is not JSON")
+    id_header, type_header, key_header, sequence_header = source.envelope_headers
+    message_id = headers.get(id_header) or arrival.transport_id
     if not message_id:
         raise Unreadable("no message id (header or transport property)")
-    message_type = headers.get(source.header("type", HEADER_TYPE)) or source.options.get(
-        "default_type"
-    )
+    message_type = headers.get(type_header) or source.options.get("default_type")
     if not message_type:
         raise Unreadable("no message type (header, or DEFAULT_TYPE of the source)")
     try:
@@ -161,8 +161,8 @@ def parse(arrival: Arrival) -> Parsed:
         raise Unreadable(f"body is not UTF-8 JSON: {exc}") from exc
     except RecursionError:
         raise Unreadable("body is JSON nested too deeply to read") from None
-    key = headers.get(source.header("key", HEADER_KEY)) or None
-    raw_sequence = headers.get(source.header("sequence", HEADER_SEQUENCE))
+    key = headers.get(key_header) or None
+    raw_sequence = headers.get(sequence_header)
     sequence = None
     if raw_sequence not in (None, "", "None"):
         try:
