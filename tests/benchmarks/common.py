@@ -63,6 +63,23 @@ def process_cpu(pids: list[int]) -> float:
     return total / ticks
 
 
+def server_cpu(name: str = "postgres") -> float:
+    """CPU seconds every process called *name* on this machine (the database server's
+    backends and its background processes) has used so far, from ``/proc`` (Linux; 0
+    elsewhere). Read before and after a drain, it is the server's share of the work."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as comm:
+                if comm.read().strip() == name:
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return process_cpu(pids)
+
+
 def instructions(
     module: str, arguments: list[str], cwd: Any, env: dict[str, str] | None, smoke: bool
 ) -> int:
@@ -85,10 +102,18 @@ def instructions(
     return int(found.group(1))
 
 
-def add_counting_arguments(parser: Any, child: tuple[str, ...]) -> None:
+def add_counting_arguments(
+    parser: Any, child: tuple[str, ...], variants: dict[str, str] | None = None
+) -> None:
     """The options of a harness that counts instructions with valgrind: ``--smoke`` (its
-    children run without valgrind, nothing counted: CI) and ``--child`` (one child's
-    work, *child* naming its values)."""
+    children run without valgrind, nothing counted: CI), ``--child`` (one child's work,
+    *child* naming its values) and, with *variants*, ``--variants`` (which to count)."""
+    if variants is not None:
+        parser.add_argument(
+            "--variants",
+            default=",".join(variants),
+            help=f"Which to count, comma-separated, of {', '.join(variants)} (default: all).",
+        )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -106,3 +131,44 @@ def valgrind_missing(smoke: bool) -> bool:
         return False
     print("valgrind is not installed (Debian: apt install valgrind)", file=sys.stderr)
     return True
+
+
+def count_variants(
+    parser: Any,
+    args: Any,
+    variants: dict[str, str],
+    counted: Any,
+    *,
+    count: int,
+    item: str,
+    title: str,
+) -> int:
+    """A counting harness's ``main()`` after its arguments are read: count each of the
+    chosen ``--variants`` (*variants*: name → label) with *counted* (``counted(variant,
+    count, worked, smoke)``: a child process's instructions, with its *count* items
+    worked or only made ready), and print one *item*'s instructions a variant, the first
+    variant's ratio to each, under *title*. Returns the exit status."""
+    import sys
+    from datetime import date
+
+    if valgrind_missing(args.smoke):
+        return 2
+    chosen = [name.strip() for name in args.variants.split(",") if name.strip()]
+    if set(chosen) - set(variants) or not chosen:
+        parser.error(f"--variants takes {', '.join(variants)}; got {args.variants!r}")
+    per_item = {}
+    for variant in chosen:
+        ready, worked = (counted(variant, count, run, args.smoke) for run in (False, True))
+        per_item[variants[variant]] = (worked - ready) / count
+    if args.smoke:
+        print(f"smoke run: {', '.join(chosen)}, {count} {item}s each, without valgrind")
+        return 0
+    print(f"\n{date.today()} · valgrind (callgrind) · Python {sys.version.split()[0]} · {title}\n")
+    first = next(iter(variants.values()))
+    ours = per_item.get(first)
+    print(f"| variant | instructions a {item} | {first}'s of it |")
+    print("|---|---:|---:|")
+    for label, instructions in per_item.items():
+        ratio = f"{ours / instructions:.2f}x" if ours is not None else "-"
+        print(f"| {label} | {instructions:,.0f} | {ratio} |")
+    return 0

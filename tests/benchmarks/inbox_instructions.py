@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from datetime import date
 
 from tests.benchmarks import common
 from tests.benchmarks import inbox as harness
@@ -100,44 +98,23 @@ def counted(variant: str, count: int, consumed: bool, smoke: bool = False) -> in
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument(
-        "--variants",
-        default=",".join(VARIANTS),
-        help=f"Which to count, comma-separated, of {', '.join(VARIANTS)} (default: all).",
-    )
-    common.add_counting_arguments(parser, ("VARIANT", "MESSAGES", "CONSUMED"))
+    common.add_counting_arguments(parser, ("VARIANT", "MESSAGES", "CONSUMED"), VARIANTS)
     args = parser.parse_args()
     if args.child:
         variant, count, consumed = args.child
         child(variant, int(count), consumed == "consumed")
         return 0
-    if common.valgrind_missing(args.smoke):
-        return 2
-    chosen = [name.strip() for name in args.variants.split(",") if name.strip()]
-    unknown = set(chosen) - set(VARIANTS)
-    if unknown or not chosen:
-        parser.error(f"--variants takes {', '.join(VARIANTS)}; got {args.variants!r}")
     if args.messages % 500:
         parser.error("--messages must be a multiple of 500 (the batch size)")
-    count = args.messages
-    per_message = {}
-    for variant in chosen:
-        published, consumed = (counted(variant, count, run, args.smoke) for run in (False, True))
-        per_message[VARIANTS[variant]] = (consumed - published) / count
-    if args.smoke:
-        print(f"smoke run: {', '.join(chosen)} consumed {count} messages without valgrind")
-        return 0
-    print(
-        f"\n{date.today()} · valgrind (callgrind) · Python {sys.version.split()[0]} · "
-        f"{count} messages a variant, RabbitMQ → PostgreSQL, batches of 500\n"
+    return common.count_variants(
+        parser,
+        args,
+        VARIANTS,
+        counted,
+        count=args.messages,
+        item="message",
+        title=f"{args.messages} messages a variant, RabbitMQ → PostgreSQL, batches of 500",
     )
-    ours = per_message.get(VARIANTS["ours"])
-    print("| consumer | instructions a message | inbox_consume's of it |")
-    print("|---|---:|---:|")
-    for label, instructions in per_message.items():
-        ratio = f"{ours / instructions:.2f}x" if ours is not None else "-"
-        print(f"| {label} | {instructions:,.0f} | {ratio} |")
-    return 0
 
 
 if __name__ == "__main__":

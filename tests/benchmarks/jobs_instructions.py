@@ -25,9 +25,7 @@ six minutes for 5,000 jobs. Nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import sys
 import uuid
-from datetime import date
 from typing import Any
 
 from tests.benchmarks import common
@@ -91,42 +89,21 @@ def counted(variant: str, count: int, drained: bool, smoke: bool = False) -> int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument(
-        "--variants",
-        default=",".join(VARIANTS),
-        help=f"Which to count, comma-separated, of {', '.join(VARIANTS)} (default: all).",
-    )
-    common.add_counting_arguments(parser, ("VARIANT", "JOBS", "DRAINED"))
+    common.add_counting_arguments(parser, ("VARIANT", "JOBS", "DRAINED"), VARIANTS)
     args = parser.parse_args()
     if args.child:
         variant, count, drained = args.child
         child(variant, int(count), drained == "drained")
         return 0
-    if common.valgrind_missing(args.smoke):
-        return 2
-    chosen = [name.strip() for name in args.variants.split(",") if name.strip()]
-    unknown = set(chosen) - set(VARIANTS)
-    if unknown or not chosen:
-        parser.error(f"--variants takes {', '.join(VARIANTS)}; got {args.variants!r}")
-    count = args.jobs
-    per_job = {}
-    for variant in chosen:
-        filled, drained = (counted(variant, count, run, args.smoke) for run in (False, True))
-        per_job[VARIANTS[variant]] = (drained - filled) / count
-    if args.smoke:
-        print(f"smoke run: {', '.join(chosen)} ran {count} jobs without valgrind; nothing counted")
-        return 0
-    print(
-        f"\n{date.today()} · valgrind (callgrind) · Python {sys.version.split()[0]} · "
-        f"{count} no-op jobs a variant, PostgreSQL\n"
+    return common.count_variants(
+        parser,
+        args,
+        VARIANTS,
+        counted,
+        count=args.jobs,
+        item="job",
+        title=f"{args.jobs} no-op jobs a variant, PostgreSQL",
     )
-    ours = per_job.get(VARIANTS["ours"])
-    print("| worker | instructions a job | jobs_worker's of it |")
-    print("|---|---:|---:|")
-    for label, instructions in per_job.items():
-        ratio = f"{ours / instructions:.2f}x" if ours is not None else "-"
-        print(f"| {label} | {instructions:,.0f} | {ratio} |")
-    return 0
 
 
 if __name__ == "__main__":
