@@ -259,7 +259,7 @@ class LockedRunner(Runner):
         outcomes: Outcomes = {}
         for group in part.process(rows, attempt):
             outcomes.update(group)
-        decisions = transitions.Decisions(part, part.now())
+        decisions = transitions.Decisions(part, part.now(), write_attempts=count_attempts)
         changes = []
         for row in rows:
             outcome = outcomes.get(row.pk)

@@ -124,19 +124,30 @@ class Decisions:
     Rows that finished with nothing of their own and started together share one dict
     of values (and so one UPDATE)."""
 
-    def __init__(self, part: Part, now: clock.Instant, *, count_attempt: bool = False) -> None:
+    def __init__(
+        self,
+        part: Part,
+        now: clock.Instant,
+        *,
+        count_attempt: bool = False,
+        write_attempts: bool = False,
+    ) -> None:
         self.part = part
         self.now = now
         #: Lease mode: the attempt is counted with its outcome (``attempts + 1``, and when
         #: it started); lock mode counted it when it claimed the batch.
         self.count_attempt = count_attempt
+        #: Rows whose attempt was counted in Python only (``run_owned``): each writes its
+        #: own ``attempts``, and rows share the values of a finish only with equal counts.
+        self.write_attempts = write_attempts
         self._done: dict[Any, dict[str, Any]] = {}
 
     def done_values(self, row: Any = None) -> dict[str, Any]:
         """The fields of a row that finished, shared by the rows of the group that
         started together (one dict, one UPDATE)."""
         started = self._started(row)
-        values = self._done.get(started)
+        attempts = row.attempts if self.write_attempts and row is not None else None
+        values = self._done.get((started, attempts))
         if values is None:
             part = self.part
             values = {
@@ -149,7 +160,9 @@ class Decisions:
             if part.ordering is not None:
                 values.update(blocking=False, blocked=False)
             values.update(self._counted(started))
-            self._done[started] = values
+            if attempts is not None:
+                values["attempts"] = attempts
+            self._done[started, attempts] = values
         return values
 
     def _started(self, row: Any) -> Any:

@@ -553,3 +553,27 @@ def test_receive_prepared_stores_once_and_triggers_the_new_message_only(
     )
     assert stored.state == InboxState.SHOULD_BE_HANDLED
     assert scheduled == [("inbox", stored.pk)]
+
+
+def test_rows_handled_in_their_own_transaction_record_each_its_own_attempts():
+    """``run_owned`` (``inbox_consume``'s path): rows that finish together share one
+    UPDATE only where they share its values; a row's attempt count is its own."""
+
+    @handler("owned.thing")
+    def owned(message):
+        Payment.objects.create(order_ref=message.message_id, status="seen")
+
+    try:
+        with transaction.atomic():
+            first, _ = receive("owned.thing", {}, message_id="m-1")
+            second, _ = receive("owned.thing", {}, message_id="m-2")
+            third, _ = receive("owned.thing", {}, message_id="m-3")
+            InboxMessage.objects.filter(pk=second.pk).update(attempts=2)
+            second.attempts = 2
+            assert Inbox().run_owned([first, second, third]).done == 3
+        recorded = dict(InboxMessage.objects.values_list("message_id", "attempts"))
+        assert recorded == {"m-1": 1, "m-2": 3, "m-3": 1}
+        assert set(InboxMessage.objects.values_list("state", flat=True)) == {InboxState.HANDLED}
+        assert Payment.objects.filter(status="seen").count() == 3
+    finally:
+        unregister("owned.thing")
