@@ -338,12 +338,13 @@ def receiving(source: Source, arrivals: Sequence[Arrival]) -> AbstractContextMan
     )
 
 
-def handling(message: InboxMessage) -> AbstractContextManager[Any]:
+def handling(message: InboxMessage, recorded: bool | None = None) -> AbstractContextManager[Any]:
     """A ``handle`` span, current while *message*'s handler runs, a child of the context
-    the message carries. An exception that leaves it sets its status to ERROR."""
+    the message carries. An exception that leaves it sets its status to ERROR.
+    *recorded* is ``recording()`` asked once for a batch (``None``: asked here)."""
     if not enabled():
         return _NULL
-    if not recording():
+    if not (recording() if recorded is None else recorded):
         headers = message.headers or {}
         if not (headers.get(TRACEPARENT) or headers.get(SENTRY_TRACE)):
             return _NULL  # no parent to pass on and no span to make

@@ -116,17 +116,21 @@ class Handling(Part):
 
     def _handle_all(self, rows: Sequence[Any], deadline: float, *, isolated: bool) -> Outcomes:
         outcomes: Outcomes = {}
+        recorded = tracing.recording()  # asked once: a provider is not installed mid-batch
         for row in rows:
             if time.monotonic() >= deadline:
                 break
-            outcomes[row.pk] = self.handle(row, isolated=isolated)
+            outcomes[row.pk] = self.handle(row, isolated=isolated, recorded=recorded)
         return outcomes
 
-    def handle(self, message: InboxMessage, *, isolated: bool = True) -> Outcome:
+    def handle(
+        self, message: InboxMessage, *, isolated: bool = True, recorded: bool | None = None
+    ) -> Outcome:
         """Run *message*'s handler (in a savepoint if *isolated*); return its outcome.
 
         Not isolated, a handler's exception is raised as ``_HandlerRaised`` for the
-        caller to roll back the batch and start again isolated.
+        caller to roll back the batch and start again isolated. *recorded* is
+        ``tracing.recording()`` asked for the batch.
         """
         handler = get_handler(message.type)
         if handler is None:
@@ -140,7 +144,7 @@ class Handling(Part):
         try:
             # The handler's span is current while it runs (its exception is recorded).
             with (
-                tracing.handling(message),
+                tracing.handling(message, recorded),
                 transaction.atomic(using=self.using) if isolated else nullcontext(),
             ):
                 if keyed and message.sequence is not None:
