@@ -9,6 +9,7 @@ inbox's signals and log lines.
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -367,8 +368,9 @@ class Handling(Part):
         self.logger.info(
             "handled %d inbox message(s)", len(rows), extra={"part": self.name, "count": len(rows)}
         )
-        for row in rows:
-            self.logger.debug("handled %s (%s from %s)", row.message_id, row.type, row.source)
+        if self.logger.isEnabledFor(logging.DEBUG):  # asked once, not once a row
+            for row in rows:
+                self.logger.debug("handled %s (%s from %s)", row.message_id, row.type, row.source)
         signals.emit(signals.inbox_messages_handled, sender=Handling, messages=list(rows))
 
     def log_fields(self, row: Any) -> dict[str, Any]:
