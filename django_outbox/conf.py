@@ -271,6 +271,7 @@ _SOURCE_KEYS = frozenset(
         "SECRET",
         "TOLERANCE_SECONDS",
         "ACCEPT_V1",
+        "HANDLE_IN_REQUEST",
         "PREFETCH",
         "HEARTBEAT",
         "LEASE_SECONDS",
@@ -302,6 +303,12 @@ class Source:
         """The header that carries *role* (``type``, ``key``, ``sequence``, ``message_id``)
         for this source: the outbox's own unless the source maps another producer's."""
         return self.mapped_headers.get(role) or default.lower()
+
+    @property
+    def handle_in_request(self) -> bool:
+        """A webhook source's ``HANDLE_IN_REQUEST``: a sender's first attempt is handled in
+        the request's transaction (see ``inbox.consumers.webhook``)."""
+        return bool(self.options.get("handle_in_request"))
 
     @cached_property
     def envelope_headers(self) -> tuple[str, str, str, str]:
@@ -560,6 +567,14 @@ def _source(name: Any, raw: Any, max_body: int) -> Source:
             raise ConfigurationError(f"{path}['{required}'] is required for a {transport} source")
     if not isinstance(raw.get("ACCEPT_V1", False), bool):
         raise ConfigurationError(f"{path}['ACCEPT_V1'] must be True or False")
+    if "HANDLE_IN_REQUEST" in raw:
+        if not isinstance(raw["HANDLE_IN_REQUEST"], bool):
+            raise ConfigurationError(f"{path}['HANDLE_IN_REQUEST'] must be True or False")
+        if transport != "webhook":
+            raise ConfigurationError(
+                f"{path}['HANDLE_IN_REQUEST'] is a webhook source's ({name!r} is a {transport} "
+                "source: inbox_consume handles in the batch's transaction unless --no-handle)"
+            )
     if "HEARTBEAT" in raw:
         _number(raw, "HEARTBEAT", None, path)
     if "LEASE_SECONDS" in raw:

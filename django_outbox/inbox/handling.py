@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -424,6 +424,32 @@ class Inbox(LockedRunner):
             total += super().drain(time_budget=time_budget)
         assert isinstance(total, LockedResult)
         return total
+
+
+def store_and_handle(
+    using: str,
+    envelopes: Iterable[tuple[str, str, str | None]],
+    store: Callable[[], Sequence[Any]],
+) -> tuple[list[Any], int, bool]:
+    """Store messages with *store* (called inside a transaction; it returns the new rows)
+    and handle the new ones in that same transaction: they are the transaction's own until
+    it commits, so they need no claim, and a crash rolls back the rows with their
+    handlers' effects. *envelopes* (``intake.ordered_envelopes``) name the ordered keys
+    whose cursors are created first, committed, on MySQL/MariaDB (see
+    ``ensure_cursors_of``).
+
+    Returns the new rows, how many were handled, and whether handling made other messages
+    of strict keys due (stored earlier, waiting for a predecessor among these): the
+    caller wakes the handlers for those."""
+    if connections[using].vendor == "mysql":
+        ensure_cursors_of(using, envelopes)
+    inbox = Inbox(using=using)
+    with transaction.atomic(using=using):
+        new = list(store())
+        handled = inbox.run_owned(new).done if new else 0
+    part = inbox.part
+    assert isinstance(part, Handling)
+    return new, handled, bool(part.woken)
 
 
 def ensure_cursors(using: str, rows: Iterable[Any]) -> int:

@@ -1177,6 +1177,31 @@ SETTINGS = EntryPoint(
             _check("['ACCEPT_V1'] must be True or False"),
         ),
         Case(
+            "handle-in-request-text",
+            "`HANDLE_IN_REQUEST: 'yes'`",
+            {
+                "sources": {
+                    "partner": {"TRANSPORT": "webhook", "SECRET": "s", "HANDLE_IN_REQUEST": "yes"}
+                }
+            },
+            _check("['HANDLE_IN_REQUEST'] must be True or False"),
+        ),
+        Case(
+            "handle-in-request-kombu",
+            "`HANDLE_IN_REQUEST` on a kombu source",
+            {
+                "sources": {
+                    "q": {
+                        "TRANSPORT": "kombu",
+                        "URL": "memory://",
+                        "QUEUE": "q",
+                        "HANDLE_IN_REQUEST": True,
+                    }
+                }
+            },
+            _check("['HANDLE_IN_REQUEST'] is a webhook source's"),
+        ),
+        Case(
             "source-name-long",
             "a source name of 101 characters",
             {"sources": {"s" * 101: {"TRANSPORT": "webhook", "SECRET": "s"}}},

@@ -5,7 +5,9 @@ Include it once, ``path("inbox/", include("django_outbox.urls"))``; a sender
 posts to ``inbox/<source>/``, where ``<source>`` is a ``webhook`` source
 whose ``SECRET`` is the sender's. Answers:
 
-- 200 ``{"status": "stored"}``: new, stored in the inbox (handled later);
+- 200 ``{"status": "stored"}``: new, stored in the inbox (handled later; or, with the
+  source's ``HANDLE_IN_REQUEST``, a sender's first attempt handled already, in the same
+  transaction: see ``handled_here``);
 - 200 ``{"status": "duplicate"}``: already stored (a retry): nothing else done;
 - 400 malformed body or headers (a signed header's value that is not UTF-8 too),
   401 a missing, bad, stale or v1-only signature (v1 does not cover the envelope;
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +40,17 @@ from django_outbox.conf import SETTING_NAME, Source, get_settings
 from django_outbox.engine import triggers
 from django_outbox.exceptions import ConfigurationError, InvalidMessage
 from django_outbox.inbox.api import receive_many, receive_prepared
-from django_outbox.inbox.intake import REFUSED, Arrival, Parsed, Unreadable, parse
+from django_outbox.inbox.handling import store_and_handle
+from django_outbox.inbox.intake import (
+    REFUSED,
+    Arrival,
+    Parsed,
+    Unreadable,
+    ordered_envelopes,
+    parse,
+)
 from django_outbox.inbox.models import InboxMessage
-from django_outbox.wire import HEADER_KEY, HEADER_MESSAGE_ID, TRACE_HEADERS
+from django_outbox.wire import HEADER_ATTEMPT, HEADER_KEY, HEADER_MESSAGE_ID, TRACE_HEADERS
 
 logger = logging.getLogger("django_outbox.inbox")
 
@@ -105,7 +115,10 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
         # SQLite (INSERT … ON CONFLICT DO NOTHING, committed by itself) and takes its own
         # on MySQL; a BEGIN and a COMMIT would be two more round trips per delivery.
         with tracing.receiving(config, [arrival]):
-            created = receive_prepared(parsed.prepared(source))
+            if handled_here(config, [arrival]):
+                created = _store_and_handle_one(config, arrival, parsed)
+            else:
+                created = receive_prepared(parsed.prepared(source))
     except InvalidMessage as exc:
         return _refuse(400, source, str(exc))
     except DatabaseError:
@@ -114,6 +127,35 @@ def webhook(request: HttpRequest, source: str) -> JsonResponse:
     return JsonResponse(
         {"status": "stored" if created else "duplicate", "message_id": parsed.message_id}
     )
+
+
+def handled_here(config: Source, arrivals: Sequence[Arrival]) -> bool:
+    """Whether *arrivals* (one delivery, or a batch's readable messages) are handled in
+    the request: their source has ``HANDLE_IN_REQUEST`` and each is its sender's first
+    attempt (a signed ``outbox-attempt: 1``). A retried delivery may be one whose handler
+    killed the server before the commit: it is only stored, and the inbox's workers
+    handle it through claims that count each attempt, so a poison message uses up its
+    attempts instead of killing every server it is posted to. So is a delivery that
+    does not say its attempt (a sender other than our ``http`` transport)."""
+    return (
+        config.handle_in_request
+        and bool(arrivals)
+        and all(arrival.headers.get(HEADER_ATTEMPT) == "1" for arrival in arrivals)
+    )
+
+
+def _store_and_handle_one(config: Source, arrival: Arrival, parsed: Parsed) -> bool:
+    """Store one delivery and handle it in one transaction; whether it was new."""
+    using = router.db_for_write(InboxMessage)
+    prepared = parsed.prepared(config.name)
+    new, _, woken = store_and_handle(
+        using, ordered_envelopes([arrival]), lambda: receive_many([prepared], using=using)[0]
+    )
+    if woken:
+        # Later messages of its key, stored before it, are due now: the workers take them.
+        triggers.dispatch("inbox", using, [])
+    metrics.counted("inbox", "received" if new else "duplicates", config.name)
+    return bool(new)
 
 
 def _arrival(
@@ -206,15 +248,19 @@ def _batch(config: Source, body: bytes, signature: str | None) -> JsonResponse:
             if key is not None:
                 refused_keys.add(key)
     using = router.db_for_write(InboxMessage)
+    arrivals = [one.arrival for one in readable]
     try:
-        with tracing.receiving(config, [one.arrival for one in readable]):
-            new = _store_batch(readable, results, using)
+        with tracing.receiving(config, arrivals):
+            new, handled, woken = _store_batch(
+                readable, results, using, handle=handled_here(config, arrivals)
+            )
     except DatabaseError:
         logger.exception("webhook %s: storing a batch failed; the sender will retry", source)
         return JsonResponse({"status": "error", "reason": "database unavailable"}, status=503)
-    if new:
-        # Committed: wake the handlers as DISPATCH says (one NOTIFY, or one task).
-        triggers.dispatch("inbox", using, [row.pk for row in new])
+    if (new and not handled) or woken:
+        # Committed: wake the handlers as DISPATCH says (one NOTIFY, or one task), for
+        # the new rows, or for messages of strict keys that handling here made due.
+        triggers.dispatch("inbox", using, [] if handled else [row.pk for row in new])
     metrics.counted("inbox", "received", source, len(new))
     metrics.counted("inbox", "duplicates", source, sum(r["status"] == "duplicate" for r in results))
     return JsonResponse({"status": "batch", "results": results})
@@ -281,15 +327,29 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def _store_batch(readable: list[_Readable], results: list[dict[str, str]], using: str) -> list[Any]:
-    """Store the readable messages of a batch in one transaction and note in *results*
-    which were new and which duplicates; return the new rows. If the database refuses a
-    value of the batch, store them one by one, each in a transaction of its own: the one
+def _store_batch(
+    readable: list[_Readable], results: list[dict[str, str]], using: str, *, handle: bool
+) -> tuple[list[Any], bool, bool]:
+    """Store the readable messages of a batch in one transaction (with *handle*, and
+    handle the new ones in it) and note in *results* which were new and which duplicates.
+    Return the new rows, whether they were handled here, and whether handling made other
+    messages of strict keys due. If the database refuses a value of the batch, store them
+    one by one, each in a transaction of its own, for the workers to handle: the one
     refused is refused alone (with the database's error), and its key's later ones
     skipped."""
+    handled = woken = False
     try:
-        with transaction.atomic(using=using):
-            new, _ = receive_many([one.prepared for one in readable], using=using)
+        prepared = [one.prepared for one in readable]
+        if handle:
+            new, _, woken = store_and_handle(
+                using,
+                ordered_envelopes([one.arrival for one in readable]),
+                lambda: receive_many(prepared, using=using)[0],
+            )
+            handled = True
+        else:
+            with transaction.atomic(using=using):
+                new, _ = receive_many(prepared, using=using)
         stored = readable
     except REFUSED as exc:
         logger.warning(
@@ -320,7 +380,7 @@ def _store_batch(readable: list[_Readable], results: list[dict[str, str]], using
         # The same id twice in one batch: the first is the one stored.
         results[one.position]["status"] = "stored" if message_id in created else "duplicate"
         created.discard(message_id)
-    return new
+    return new, handled, woken
 
 
 def _mapped_headers(config: Source) -> set[str]:
