@@ -22,7 +22,9 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from datetime import date
+from typing import Any
 
 import psycopg
 
@@ -44,10 +46,14 @@ B_SETTINGS = {
 
 
 def produce(
-    rate: float, seconds: float, out: multiprocessing.Queue, settings: dict | None = None
+    rate: float,
+    seconds: float,
+    settings: dict | None,
+    start: Any,
+    out: multiprocessing.Queue,
 ) -> None:
     """One producer process of service A (its settings *settings*, default the RabbitMQ
-    path's)."""
+    path's): ``latency.paced_sends`` of one ``send()`` a transaction."""
     os.environ.update(latency.child_env(settings or A_SETTINGS))
     import django
 
@@ -56,19 +62,11 @@ def produce(
 
     import django_outbox
 
-    committed: dict[str, float] = {}
-    interval = 1.0 / rate
-    start = time.perf_counter()
-    n = 0
-    while (elapsed := time.perf_counter() - start) < seconds:
-        due = n * interval
-        if due > elapsed:
-            time.sleep(due - elapsed)
+    def send(n: int) -> str:
         with transaction.atomic():
-            message = django_outbox.send("bench.latency", {"n": n}, to="b")
-        committed[str(message.message_id)] = time.time()
-        n += 1
-    out.put(committed)
+            return str(django_outbox.send("bench.latency", {"n": n}, to="b").message_id)
+
+    out.put(latency.paced_sends(send, rate, seconds, start))
 
 
 def service_env(database: str, settings: dict) -> dict[str, str]:
@@ -78,30 +76,19 @@ def service_env(database: str, settings: dict) -> dict[str, str]:
 
 
 def run_producers(rate: float, seconds: float, settings: dict) -> dict[str, float]:
-    """Service A's ``PRODUCERS`` producer processes at *rate* in all for *seconds*, with
-    *settings*: the commit time of each message, by message id."""
-    context = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue = context.Queue()
-    producers = [
-        context.Process(target=produce, args=(rate / latency.PRODUCERS, seconds, results, settings))
-        for _ in range(latency.PRODUCERS)
-    ]
-    for process in producers:
-        process.start()
-    committed: dict[str, float] = {}
-    for _ in producers:
-        committed.update(results.get(timeout=seconds + 120))
-    for process in producers:
-        process.join()
-    return committed
+    """Service A's ``PRODUCERS`` producer processes at *rate* in all for *seconds* (after
+    ``latency.WARMUP_SECONDS``), with *settings*: the commit time of each measured
+    message, by message id."""
+    return latency.run_paced(produce, (rate / latency.PRODUCERS, seconds, settings), seconds)
 
 
-def wait_handled(database: str, count: int, timeout: float = 60) -> dict[str, float]:
-    """When the handler ran for each message (by message id), read from service B's
-    *database* until *count* are there or *timeout* seconds have passed."""
+def wait_handled(database: str, committed: Iterable[str], timeout: float = 60) -> dict[str, float]:
+    """When the handler ran for each message of *committed* (message ids), read from
+    service B's *database* until all of them are there or *timeout* seconds have passed."""
+    wanted = set(committed)
     handled: dict[str, float] = {}
     deadline = time.monotonic() + timeout
-    while len(handled) < count and time.monotonic() < deadline:
+    while not wanted <= handled.keys() and time.monotonic() < deadline:
         time.sleep(0.5)
         with psycopg.connect(database) as b:
             rows = b.execute(
@@ -151,7 +138,7 @@ def main() -> int:
     try:
         time.sleep(3)  # both are up
         committed = run_producers(args.rate, args.seconds, A_SETTINGS)
-        handled = wait_handled(b_side.BENCH_DB, len(committed))
+        handled = wait_handled(b_side.BENCH_DB, committed)
     finally:
         for process in (relay, consumer):
             process.terminate()

@@ -10,6 +10,10 @@ the wall-clock time right after each commit. A consumer on the destination
 queue notes when each message arrives. Latency is arrival minus commit for
 every message (same host, same clock); the report gives p50, p95, p99 and max
 in milliseconds, and the rate actually achieved. Nothing is asserted.
+
+The producers start together, once all of them have set Django up, and send at the
+offered rate for ``WARMUP_SECONDS`` before the measured seconds: what is measured is
+the steady state, not four processes importing Django on the cores the relay runs on.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from tests.benchmarks import relay as harness
 
@@ -57,7 +63,60 @@ def child_env(config: dict) -> dict:
     }
 
 
-def produce(config: dict, rate: float, seconds: float, out: multiprocessing.Queue) -> None:
+#: Seconds every producer sends at the offered rate before the measured ones: the
+#: processes on both sides warm up (first connections, first statements, first requests)
+#: and the measurement is of the steady state.
+WARMUP_SECONDS = 1.0
+
+
+def paced_sends(
+    send: Callable[[int], str], rate: float, seconds: float, start: Any
+) -> dict[str, float]:
+    """Call *send(n)* (one committed transaction; it returns the message id) every
+    1/*rate* seconds for ``WARMUP_SECONDS`` + *seconds*, once every producer is ready
+    (*start*, a ``Barrier`` of the producers: none measures while another one is still
+    importing Django on the same cores). The wall-clock commit time of each message sent
+    after the warm-up, by id."""
+    start.wait()
+    committed: dict[str, float] = {}
+    interval = 1.0 / rate
+    begun = time.perf_counter()
+    n = 0
+    while (elapsed := time.perf_counter() - begun) < WARMUP_SECONDS + seconds:
+        due = n * interval
+        if due > elapsed:
+            time.sleep(due - elapsed)
+        message_id = send(n)
+        if elapsed >= WARMUP_SECONDS:
+            committed[message_id] = time.time()
+        n += 1
+    return committed
+
+
+def run_paced(
+    target: Callable[..., None], args: tuple[Any, ...], seconds: float
+) -> dict[str, float]:
+    r"""``PRODUCERS`` processes running *target(\*args, start, out)* (each puts its
+    ``paced_sends`` result on *out*): every measured message's commit time, by id."""
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    start = context.Barrier(PRODUCERS)
+    producers = [
+        context.Process(target=target, args=(*args, start, results)) for _ in range(PRODUCERS)
+    ]
+    for process in producers:
+        process.start()
+    committed: dict[str, float] = {}
+    for _ in producers:
+        committed.update(results.get(timeout=WARMUP_SECONDS + seconds + 120))
+    for process in producers:
+        process.join()
+    return committed
+
+
+def produce(
+    config: dict, rate: float, seconds: float, start: Any, out: multiprocessing.Queue
+) -> None:
     """One producer process: commit one send() every 1/rate seconds; report commit times."""
     os.environ.update(child_env(config))
     import django
@@ -68,18 +127,11 @@ def produce(config: dict, rate: float, seconds: float, out: multiprocessing.Queu
     import django_outbox
     from django_outbox.engine import triggers
 
-    committed: dict[str, float] = {}
-    interval = 1.0 / rate
-    start = time.perf_counter()
-    n = 0
-    while (elapsed := time.perf_counter() - start) < seconds:
-        due = n * interval
-        if due > elapsed:
-            time.sleep(due - elapsed)
+    def send(n: int) -> str:
         with transaction.atomic():
-            message = django_outbox.send("bench.latency", {"n": n})
-        committed[str(message.message_id)] = time.time()
-        n += 1
+            return str(django_outbox.send("bench.latency", {"n": n}).message_id)
+
+    committed = paced_sends(send, rate, seconds, start)
     triggers.flush(10)
     out.put(committed)
 
@@ -178,19 +230,7 @@ def run_cell(
     dispatch: str, broker: str, rate: float, seconds: float, config: dict, consumer: Consumer
 ) -> dict:
     time.sleep(3)  # the runner is up and listening
-    context = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue = context.Queue()
-    producers = [
-        context.Process(target=produce, args=(config, rate / PRODUCERS, seconds, results))
-        for _ in range(PRODUCERS)
-    ]
-    for process in producers:
-        process.start()
-    committed: dict[str, float] = {}
-    for _ in producers:
-        committed.update(results.get(timeout=seconds + 120))
-    for process in producers:
-        process.join()
+    committed = run_paced(produce, (config, rate / PRODUCERS, seconds), seconds)
     deadline = time.monotonic() + 30
     while len(set(committed) & set(consumer.arrived)) < len(committed):
         if time.monotonic() > deadline:

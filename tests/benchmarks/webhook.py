@@ -239,7 +239,7 @@ def commit_to_handled(
     try:
         time.sleep(3)  # every process is up
         committed = inbox_latency.run_producers(rate, seconds, a_settings(batch))
-        handled = inbox_latency.wait_handled(B_DB, len(committed))
+        handled = inbox_latency.wait_handled(B_DB, committed)
     finally:
         for process in (relay, worker, server):
             process.terminate()

@@ -248,6 +248,20 @@ def deliver(port, body, headers):
         connection.close()
 
 
+def retry_to_a_live_server(port, body, headers):
+    """The sender's second attempt of the delivery (*body*, *headers*), to a new server:
+    answered 200, and the server still up after it (only stored: its handler ran not)."""
+    retried = {**headers, "outbox-attempt": "2"}
+    retried["Outbox-Signature"] = signing.sign(SECRET, body, headers=retried)
+    server = serve(port)
+    try:
+        assert deliver(port, body, retried) == 200
+        assert server.poll() is None, "the retry was stored, not handled: the server lives"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_a_server_killed_before_the_commit_keeps_neither_row_nor_effect(in_request, tmp_path):
     body, headers = delivery({"order": "k-1"})
     port = free_port()
@@ -265,14 +279,7 @@ def test_a_server_killed_before_the_commit_keeps_neither_row_nor_effect(in_reque
     assert not InboxMessage.objects.exists()
     assert not Payment.objects.exists()
     # The sender's next attempt, to a server that lives: stored, and handled once.
-    retried_headers = {**headers, "outbox-attempt": "2"}
-    retried_headers["Outbox-Signature"] = signing.sign(SECRET, body, headers=retried_headers)
-    server = serve(port)
-    try:
-        assert deliver(port, body, retried_headers) == 200
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    retry_to_a_live_server(port, body, headers)
     Inbox().drain()
     assert state(headers["outbox-message-id"]) == InboxState.HANDLED
     assert Payment.objects.count() == 1
@@ -288,15 +295,7 @@ def test_a_poison_message_kills_one_server_then_is_left_to_the_workers(in_reques
     finally:
         server.kill()
     assert not InboxMessage.objects.exists()
-    retried_headers = {**headers, "outbox-attempt": "2"}
-    retried_headers["Outbox-Signature"] = signing.sign(SECRET, body, headers=retried_headers)
-    server = serve(port)
-    try:
-        assert deliver(port, body, retried_headers) == 200
-        assert server.poll() is None, "the retry was stored, not handled: the server lives"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    retry_to_a_live_server(port, body, headers)
     assert state(headers["outbox-message-id"]) == InboxState.SHOULD_BE_HANDLED
 
 
