@@ -46,6 +46,12 @@ def parse(argv: list[str]) -> Config:
         help="do not restart this machine's PostgreSQL (every user of it notices)",
     )
     parser.add_argument("--no-webhook-faults", dest="webhook_faults", action="store_false")
+    parser.add_argument(
+        "--webhook-in-worker",
+        dest="webhook_in_request",
+        action="store_false",
+        help="B's webhook only stores; inbox_worker handles (default: HANDLE_IN_REQUEST).",
+    )
     parser.add_argument("--webhook-slow-delay", type=float, default=defaults.webhook_slow_delay)
     parser.add_argument(
         "--max-takeover",

@@ -63,6 +63,9 @@ class Config:
     #: Windows in which B's webhook server is slow, then answers 503 (one each).
     webhook_faults: bool = True
     webhook_slow_delay: float = 2.0
+    #: B's webhook source handles a sender's first attempt in the request
+    #: (``HANDLE_IN_REQUEST``): killing B's web server then kills handlers mid-request.
+    webhook_in_request: bool = True
     #: Fail if a cut-off host's rows are not all released to others within this (s).
     max_takeover: float | None = None
     #: Seconds after a reconnect at which the rows others finished are compared again.
@@ -197,7 +200,12 @@ class Run:
                         "LEASE_SECONDS": 5,
                         "REPLY_TO": "a",
                     },
-                    "webhook": {"TRANSPORT": "webhook", "SECRET": self.secret, "REPLY_TO": "a"},
+                    "webhook": {
+                        "TRANSPORT": "webhook",
+                        "SECRET": self.secret,
+                        "REPLY_TO": "a",
+                        "HANDLE_IN_REQUEST": self.config.webhook_in_request,
+                    },
                 }
             },
         }
