@@ -41,12 +41,15 @@ QUEUE = "outbox-latency"
 PRODUCERS = 4
 
 
-def settings_for(broker: str, dispatch: str) -> dict:
+def settings_for(broker: str, dispatch: str, coalesce: float | None = None) -> dict:
     url = harness.AMQP_URL if broker == "rabbitmq" else harness.REDIS_URL
-    return {
+    settings = {
         "OUTBOX": {"DESTINATIONS": {"default": {"TRANSPORT": "kombu", "URL": url, "QUEUE": QUEUE}}},
         "DISPATCH": dispatch,
     }
+    if coalesce is not None:
+        settings["DISPATCH_COALESCE_SECONDS"] = coalesce
+    return settings
 
 
 def child_env(config: dict) -> dict:
@@ -208,10 +211,12 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-def measure(dispatch: str, broker: str, rate: float, seconds: float) -> dict:
+def measure(
+    dispatch: str, broker: str, rate: float, seconds: float, coalesce: float | None = None
+) -> dict:
     from django.db import connection
 
-    config = settings_for(broker, dispatch)
+    config = settings_for(broker, dispatch, coalesce)
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE django_outbox_message, django_outbox_key, django_outbox_worker")
     harness.flush_celery_broker()
@@ -271,13 +276,19 @@ def main() -> int:
     parser.add_argument("--dispatch", default="notify,celery")
     parser.add_argument("--brokers", default="rabbitmq,redis")
     parser.add_argument("--informational", action="store_true")
+    parser.add_argument(
+        "--coalesce",
+        type=float,
+        default=None,
+        help="DISPATCH_COALESCE_SECONDS for the producers (default: the setting's default).",
+    )
     args = parser.parse_args()
     harness.setup_django()
     rows = []
     for dispatch in args.dispatch.split(","):
         for broker in args.brokers.split(","):
             for rate in [float(r) for r in args.rates.split(",")]:
-                rows.append(measure(dispatch, broker, rate, args.seconds))
+                rows.append(measure(dispatch, broker, rate, args.seconds, args.coalesce))
                 print(json.dumps(rows[-1]), flush=True)
     print(
         f"\n{date.today()} · {platform.node()} · {os.cpu_count()} cores · Python "
