@@ -42,7 +42,8 @@ class FastInsert:
     many_prefix: str = ""
     many_values: str = ""
     many_suffix: str = ""
-    #: ``run_many`` on PostgreSQL: one array parameter per varying field.
+    #: ``run_many`` on PostgreSQL: one array parameter per varying field (``%b``: sent in
+    #: binary where the cursor binds on the server; a client-side one quotes it as any).
     bulk_sql: str | None = None
     bulk_params: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = ()
     #: A guard's fields (``partitions.Guard``): their values come first, as they are.
@@ -227,6 +228,9 @@ def fast_insert(
     bulk_sql = None
     if connection.vendor == "postgresql":
         # Parameters become the columns of unnest(); JSON goes as text, cast per row.
+        # Arrays go in binary (%b): psycopg quotes every element of a text-format array
+        # with regular expressions in Python (about 2 µs an element), and dumps a binary
+        # one without (a tenth of it).
         arrays: list[str] = []
         selected: list[str] = []
         written = [f for f in _non_pk(meta) if q(f.column) in columns]
@@ -236,10 +240,10 @@ def fast_insert(
                 continue
             name = f"u{len(arrays)}"
             if isinstance(field, models.JSONField):
-                arrays.append("%s::text[]")
+                arrays.append("%b::text[]")
                 selected.append(f"{name}::jsonb")
             else:
-                arrays.append(f"%s::{field.cast_db_type(connection)}[]")
+                arrays.append(f"%b::{field.cast_db_type(connection)}[]")
                 selected.append(name)
         names = ", ".join(f"u{n}" for n in range(len(arrays)))
         bulk_sql = (
@@ -319,7 +323,11 @@ def _bulk_preparer(field: Any) -> Callable[[Any, Any], Any]:
         text_of = (field.encoder or json.JSONEncoder)().encode
 
         def encode(value: Any, connection: Any) -> Any:
-            return None if value is None else text_of(value)
+            if value is None:
+                return None
+            if type(value) is dict and not value:
+                return "{}"  # most rows' headers: not worth an encoder's call
+            return text_of(value)
 
         return encode
     return _preparer(field)

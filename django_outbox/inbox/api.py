@@ -128,13 +128,17 @@ def prepare(
     headers: Mapping[str, str] | None = None,
     correlation_id: str | None = None,
     decoded: bool = False,
+    text: str | None = None,
     context: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Check ``receive()``'s arguments; return the row's fields and the payload's JSON
     text, or raise ``InvalidMessage``.
 
     *decoded* says the payload is what ``json.loads`` made of a body: it is stored as it
-    is, since decoding its JSON text again would only give it back equal. *context* is
+    is, since decoding its JSON text again would only give it back equal; *text*, given
+    with *decoded*, is that body's JSON text when ``intake.parse`` found it storable as
+    it is (nothing ``encode_json`` would refuse): it is stored without encoding the
+    payload again. *context* is
     the trace context to add to the headers, ``tracing.context_headers()`` read once
     for a batch (``None``: read here)."""
     check_text("type", type, MAX_TYPE_LENGTH, required=True)
@@ -155,7 +159,8 @@ def prepare(
     header_map = check_headers(headers)
     if tracing.enabled():
         tracing.inject(header_map, context)
-    text, _ = encode_json(payload, what=f"payload of {type!r}")
+    if text is None or not decoded:
+        text, _ = encode_json(payload, what=f"payload of {type!r}")
     row = {
         "source": source,
         "message_id": message_id,

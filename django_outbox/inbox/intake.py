@@ -57,6 +57,32 @@ logger = logging.getLogger("django_outbox.inbox")
 #: Content types read as JSON (a missing content type is read as JSON too).
 JSON_TYPES = ("application/json", "text/plain", "application/x-json")
 
+
+class _NotPlain(Exception):
+    """A body holds what a stored payload may not (``NaN``, an infinity, a number too
+    large for a float: ``prepare()`` says why, in the same words as for ``receive()``),
+    or a number whose text the database would keep otherwise than its encoding."""
+
+
+def _not_plain(_: str) -> Any:
+    raise _NotPlain
+
+
+def _finite(literal: str) -> float:
+    # An exponent too: "1E5" would be stored as the number 100000, read back an int,
+    # where encoding the float stores 100000.0.
+    if "e" in literal or "E" in literal:
+        raise _NotPlain
+    value = float(literal)
+    if value - value != 0.0:  # inf - inf is nan
+        raise _NotPlain
+    return value
+
+
+#: Decodes a body whose text can be stored as it is: it refuses what the checked
+#: encoding of ``prepare()`` would (those bodies are decoded again the usual way).
+_PLAIN_DECODER = json.JSONDecoder(parse_constant=_not_plain, parse_float=_finite)
+
 #: What a database raises when it refuses the values of a message (a NUL, a number out
 #: of range, a constraint; the driver's encoding errors are ValueErrors), as opposed to
 #: being unreachable or misconfigured: the message stored another way may succeed,
@@ -109,6 +135,11 @@ class Parsed:
     sequence: int | None
     correlation_id: str | None
     headers: dict[str, str]
+    #: The body's JSON text, when it can be stored as it was sent: it decoded to the
+    #: payload, and holds nothing ``prepare()``'s encoding would refuse or write another
+    #: way (no ``NaN``, infinity or escape sequence; not ``null``). ``None``: the payload
+    #: is encoded and checked again.
+    text: str | None = None
 
     def prepared(
         self, source: str, context: Mapping[str, str] | None = None
@@ -120,6 +151,7 @@ class Parsed:
             self.payload,
             source=source,
             decoded=True,
+            text=self.text,
             context=context,
             **self.arguments(),
         )
@@ -155,12 +187,22 @@ def parse(arrival: Arrival) -> Parsed:
     message_type = headers.get(type_header) or source.options.get("default_type")
     if not message_type:
         raise Unreadable("no message type (header, or DEFAULT_TYPE of the source)")
+    text: str | None = None
     try:
-        payload = json.loads(arrival.body.decode("utf-8"))
+        text = arrival.body.decode("utf-8")
+        try:
+            if text.startswith("\ufeff"):
+                raise _NotPlain  # json.loads says what is wrong with it
+            payload = _PLAIN_DECODER.decode(text)
+        except _NotPlain:
+            payload = json.loads(text)
+            text = None
     except (UnicodeDecodeError, ValueError) as exc:
         raise Unreadable(f"body is not UTF-8 JSON: {exc}") from exc
     except RecursionError:
         raise Unreadable("body is JSON nested too deeply to read") from None
+    if text is not None and (payload is None or "\\u" in text):
+        text = None  # escapes (a NUL, a lone surrogate) and null: prepare() checks them
     key = headers.get(key_header) or None
     raw_sequence = headers.get(sequence_header)
     sequence = None
@@ -179,6 +221,7 @@ def parse(arrival: Arrival) -> Parsed:
         sequence=sequence,
         correlation_id=headers.get(HEADER_CORRELATION_ID) or None,
         headers={k: v for k, v in headers.items() if k not in STANDARD_HEADERS},
+        text=text,
     )
 
 

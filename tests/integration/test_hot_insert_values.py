@@ -34,3 +34,70 @@ def test_values_arrive_as_they_were_sent():
     assert (job.args, job.run_after) == ([AWKWARD, payload], moment)
     row = InboxMessage.objects.get(pk=stored.pk)
     assert (row.payload, row.message_id) == (payload, f"m-{AWKWARD}")
+
+
+def many(sequence_start=1):
+    """Two prepared messages of one key with awkward values, for ``receive_many``."""
+    from django_outbox.inbox.api import prepare
+
+    return [
+        prepare(
+            "payment.captured",
+            {"note": AWKWARD, "n": n},
+            source="payments",
+            message_id=f"many-{n}-{AWKWARD}",
+            key=f"k-{AWKWARD}",
+            sequence=n,
+            headers={"h": AWKWARD},
+            correlation_id=None if n % 2 else f"c-{AWKWARD}",
+        )
+        for n in range(sequence_start, sequence_start + 2)
+    ]
+
+
+def stored_as_sent(prepared):
+    from django_outbox.inbox.api import receive_many
+
+    with transaction.atomic():
+        new, duplicates = receive_many(prepared)
+    assert duplicates == 0 and len(new) == len(prepared)
+    for instance, (row, _) in zip(new, prepared, strict=True):
+        read = InboxMessage.objects.get(pk=instance.pk)
+        for name in ("message_id", "payload", "headers", "key", "sequence", "correlation_id"):
+            assert getattr(read, name) == getattr(instance, name) == row[name], name
+
+
+def test_a_batch_insert_stores_awkward_values_as_they_were_sent():
+    stored_as_sent(many())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "session",
+    [
+        pytest.param({"USE_TZ": False, "TIME_ZONE": "Europe/Paris"}, id="bound-on-the-client"),
+        pytest.param("server_side_binding", id="django-binds-on-the-server"),
+    ],
+)
+def test_a_batch_insert_stores_them_whichever_way_its_cursor_binds(settings, session):
+    """On PostgreSQL the batch insert's arrays are ``%b`` parameters: sent in binary by
+    the cursor that binds on the server, quoted into the statement by Django's when it
+    binds on the client (a session not in UTC), and sent by Django's own with its
+    ``server_side_binding``."""
+    from django.db import connection
+    from django.test.utils import override_settings
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the binding of the batch insert's arrays is PostgreSQL's")
+    options = connection.settings_dict["OPTIONS"]
+    if session == "server_side_binding":
+        options["server_side_binding"] = True
+        connection.close()
+        try:
+            stored_as_sent(many(10))
+        finally:
+            del options["server_side_binding"]
+            connection.close()
+        return
+    with override_settings(**session):
+        stored_as_sent(many(20))

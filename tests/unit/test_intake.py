@@ -62,3 +62,48 @@ def test_a_parsed_payload_is_prepared_as_it_was_read_and_checked_all_the_same():
     with_nul = parse(Arrival(SOURCE, b'{"note": "a\\u0000b"}', HEADERS))
     with pytest.raises(InvalidMessage, match="NUL character"):
         with_nul.prepared(SOURCE.name)
+
+
+def test_a_plain_body_is_stored_as_it_was_sent_without_being_encoded_again():
+    body = '{"order": "o-1",  "total": 12.5, "lines": [1, 2], "note": "Zürich \\"x\\""}'
+    parsed = parse(Arrival(SOURCE, body.encode(), HEADERS))
+
+    row, text = parsed.prepared(SOURCE.name)
+
+    assert text == body
+    assert row["payload"] == json.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "refused"),
+    [
+        (b'{"total": NaN}', "not JSON-serializable"),
+        (b'{"total": -Infinity}', "not JSON-serializable"),
+        (b'{"total": 1e400}', "not JSON-serializable"),
+        (b'{"note": "a\\u0000b"}', "NUL character"),
+        (b'{"note": "\\ud800"}', "not JSON-serializable"),
+        (b"null", "is None"),
+    ],
+    ids=["nan", "infinity", "float-overflow", "nul", "lone-surrogate", "null"],
+)
+def test_a_body_the_encoding_would_refuse_is_refused_as_receive_refuses_it(body, refused):
+    parsed = parse(Arrival(SOURCE, body, HEADERS))
+    assert parsed.text is None
+    with pytest.raises(InvalidMessage, match=refused):
+        parsed.prepared(SOURCE.name)
+
+
+@pytest.mark.parametrize(
+    ("body", "stored"),
+    [
+        (b'{"n": 1E5}', '{"n":100000.0}'),
+        (b'{"city": "Z\\u00fcrich"}', '{"city":"Zürich"}'),
+    ],
+    ids=["exponent", "escape"],
+)
+def test_numbers_and_escapes_the_database_would_keep_otherwise_are_encoded_again(body, stored):
+    parsed = parse(Arrival(SOURCE, body, HEADERS))
+
+    _, text = parsed.prepared(SOURCE.name)
+
+    assert parsed.text is None and text == stored
