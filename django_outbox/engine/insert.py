@@ -15,6 +15,7 @@ elsewhere callers save the model the ordinary way.
 from __future__ import annotations
 
 import json
+import operator
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,12 @@ from django.db import models
 
 from django_outbox.engine import clock
 from django_outbox.engine.partitions import Guard
-from django_outbox.engine.rows import binding_cursor, fast_timestamps, instance_builder
+from django_outbox.engine.rows import (
+    binding_cursor,
+    builds_directly,
+    fast_timestamps,
+    instance_builder,
+)
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,22 @@ class FastInsert:
         convert = getattr(connection.ops, "convert_datetimefield_value", None)
         inserted = {tuple(r[2:]): r[:2] for r in returned}
         names = [name for name, _ in self.columns]
-        build = instance_builder(self.model, connection.alias, names)
+        pick = None
+        build = instance_builder(self.model, connection.alias, names, direct=False)
+        if builds_directly(self.model, names):
+            # Made directly, the instance takes its values in any order: the primary key,
+            # the clock stamps, the varying values (picked from the row in one C call)
+            # and the constants, without looking at each column for each row.
+            pk_name, clock_names, varying, constants = self._layout()
+            build = instance_builder(
+                self.model,
+                connection.alias,
+                [pk_name, *clock_names, *varying, *constants],
+                direct=True,
+            )
+            pick = operator.itemgetter(*varying) if len(varying) > 1 else None
+            defaults = tuple(constants.values())
+            clocks = len(clock_names)
         instances = []
         for row in rows:
             got = inserted.pop(tuple(row[name] for name in self.conflict_fields), None)
@@ -138,12 +159,28 @@ class FastInsert:
             pk, stamped = got
             if convert is not None:  # SQLite returns text
                 stamped = convert(stamped, None, connection)
+            if pick is not None:
+                instances.append(build((pk, *(stamped,) * clocks, *pick(row), *defaults)))
+                continue
             values = [
                 pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
                 for name, source in self.columns
             ]
             instances.append(build(values))
         return instances
+
+    def _layout(self) -> tuple[str, tuple[str, ...], tuple[str, ...], dict[str, Any]]:
+        """The primary key's name, the clock fields', the varying ones' (in the order of
+        ``bulk_params``) and the constants by name: how ``run_many`` lays out a row."""
+        varying = tuple(name for name, _ in self.bulk_params)
+        pk_name = next(name for name, source in self.columns if source == "pk")
+        clocks = tuple(name for name, source in self.columns if source == "clock")
+        constants = {
+            name: source
+            for name, source in self.columns
+            if source not in ("pk", "clock") and name not in varying
+        }
+        return pk_name, clocks, varying, constants
 
 
 _CACHE: dict[tuple[Any, ...], FastInsert] = {}

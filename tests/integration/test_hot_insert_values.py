@@ -101,3 +101,37 @@ def test_a_batch_insert_stores_them_whichever_way_its_cursor_binds(settings, ses
         return
     with override_settings(**session):
         stored_as_sent(many(20))
+
+
+def test_a_batch_insert_gives_the_same_instances_with_or_without_init_receivers():
+    """``run_many`` makes its instances directly (values laid out its own way) unless a
+    ``post_init`` receiver must see them made by ``Model.__init__``: both give the same
+    instances as reading the rows back."""
+    from django.db.models.signals import post_init
+
+    from django_outbox.inbox.api import receive_many
+
+    def instances(prepared):
+        with transaction.atomic():
+            new, _ = receive_many(prepared)
+        return new
+
+    def fields(instance):
+        return {f.attname: getattr(instance, f.attname) for f in InboxMessage._meta.fields}
+
+    direct = instances(many(30))
+    told = []
+
+    def receiver(sender, instance, **kwargs):
+        told.append(instance)
+
+    post_init.connect(receiver, sender=InboxMessage)
+    try:
+        through_init = instances(many(40))
+    finally:
+        post_init.disconnect(receiver, sender=InboxMessage)
+    assert len(through_init) == 2
+    assert all(any(seen is made for seen in told) for made in through_init), "made by __init__"
+    for made in [*direct, *through_init]:
+        assert fields(made) == fields(InboxMessage.objects.get(pk=made.pk))
+        assert made._state.adding is False and made._state.db == "default"
