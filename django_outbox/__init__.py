@@ -50,17 +50,23 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # send() needs the models, which may not be imported before apps are ready.
+    # send() needs the models, which may not be imported before apps are ready. Once
+    # imported, a name is kept in the module: later lookups (one per send() written as
+    # ``django_outbox.send``) find it without coming here.
+    value: Any
     if name == "send":
         from django_outbox.outbox.api import send
 
-        return send
-    if name == "receive":
+        value = send
+    elif name == "receive":
         from django_outbox.inbox.api import receive
 
-        return receive
-    if name == "handler":
+        value = receive
+    elif name == "handler":
         from django_outbox.inbox.handlers import handler
 
-        return handler
-    raise AttributeError(f"module 'django_outbox' has no attribute {name!r}")
+        value = handler
+    else:
+        raise AttributeError(f"module 'django_outbox' has no attribute {name!r}")
+    globals()[name] = value
+    return value

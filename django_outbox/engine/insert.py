@@ -14,6 +14,8 @@ elsewhere callers save the model the ordinary way.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import operator
 import uuid
@@ -54,6 +56,10 @@ class FastInsert:
     bulk_params: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = ()
     #: A guard's fields (``partitions.Guard``): their values come first, as they are.
     guard_fields: tuple[str, ...] = ()
+    #: ``builder``'s direct builders, by connection alias.
+    _builders: dict[str, Callable[..., Any]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def run(
         self, connection: Any, row: Mapping[str, Any], raw: Mapping[str, Any] | None = None
@@ -63,13 +69,50 @@ class FastInsert:
         returned = self.run_bare(connection, row, raw)
         if returned is None:
             return None
-        pk, stamped = returned
-        values = [
-            pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
-            for name, source in self.columns
-        ]
-        names = [name for name, _ in self.columns]
-        return instance_builder(self.model, connection.alias, names)(values)
+        return self.builder(connection)(*returned, row)
+
+    def builder(self, connection: Any) -> Callable[[Any, Any, Mapping[str, Any]], Any]:
+        """A function making the instance of a row this statement inserted on
+        *connection*, from its primary key, its clock stamp and the *row* it was given,
+        as querysets make theirs (``rows.instance_builder``)."""
+        names, clocks, varying, constants = self._layout
+        if not builds_directly(self.model, names):
+            build = instance_builder(
+                self.model, connection.alias, [name for name, _ in self.columns], direct=False
+            )
+            columns = self.columns
+
+            def in_model_order(pk: Any, stamped: Any, row: Mapping[str, Any]) -> Any:
+                return build(
+                    [
+                        pk
+                        if source == "pk"
+                        else stamped
+                        if source == "clock"
+                        else row.get(name, source)
+                        for name, source in columns
+                    ]
+                )
+
+            return in_model_order
+        made = self._builders.get(connection.alias)
+        if made is None:
+            # Made directly, the instance takes its values in any order: the primary key,
+            # the clock stamps, the varying values (picked from the row in one C call)
+            # and the constants, without looking at each column for each row.
+            build = instance_builder(self.model, connection.alias, names, direct=True)
+            pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] = (
+                operator.itemgetter(*varying)
+                if len(varying) > 1
+                else lambda row: tuple(row[name] for name in varying)
+            )
+            defaults = tuple(constants.values())
+
+            def made(pk: Any, stamped: Any, row: Mapping[str, Any]) -> Any:
+                return build((pk, *(stamped,) * clocks, *pick(row), *defaults))
+
+            self._builders[connection.alias] = made
+        return made
 
     def run_bare(
         self, connection: Any, row: Mapping[str, Any], raw: Mapping[str, Any] | None = None
@@ -83,6 +126,7 @@ class FastInsert:
             for name, prepare in self.params
         ]
         with connection.cursor() as cursor:
+            fast_timestamps(cursor, connection)
             cursor.execute(self.sql, params)
             returned = cursor.fetchone()
         if returned is None:
@@ -134,23 +178,7 @@ class FastInsert:
             returned = cursor.fetchall()
         convert = getattr(connection.ops, "convert_datetimefield_value", None)
         inserted = {tuple(r[2:]): r[:2] for r in returned}
-        names = [name for name, _ in self.columns]
-        pick = None
-        build = instance_builder(self.model, connection.alias, names, direct=False)
-        if builds_directly(self.model, names):
-            # Made directly, the instance takes its values in any order: the primary key,
-            # the clock stamps, the varying values (picked from the row in one C call)
-            # and the constants, without looking at each column for each row.
-            pk_name, clock_names, varying, constants = self._layout()
-            build = instance_builder(
-                self.model,
-                connection.alias,
-                [pk_name, *clock_names, *varying, *constants],
-                direct=True,
-            )
-            pick = operator.itemgetter(*varying) if len(varying) > 1 else None
-            defaults = tuple(constants.values())
-            clocks = len(clock_names)
+        build = self.builder(connection)
         instances = []
         for row in rows:
             got = inserted.pop(tuple(row[name] for name in self.conflict_fields), None)
@@ -159,20 +187,15 @@ class FastInsert:
             pk, stamped = got
             if convert is not None:  # SQLite returns text
                 stamped = convert(stamped, None, connection)
-            if pick is not None:
-                instances.append(build((pk, *(stamped,) * clocks, *pick(row), *defaults)))
-                continue
-            values = [
-                pk if source == "pk" else stamped if source == "clock" else row.get(name, source)
-                for name, source in self.columns
-            ]
-            instances.append(build(values))
+            instances.append(build(pk, stamped, row))
         return instances
 
-    def _layout(self) -> tuple[str, tuple[str, ...], tuple[str, ...], dict[str, Any]]:
-        """The primary key's name, the clock fields', the varying ones' (in the order of
-        ``bulk_params``) and the constants by name: how ``run_many`` lays out a row."""
-        varying = tuple(name for name, _ in self.bulk_params)
+    @functools.cached_property
+    def _layout(self) -> tuple[tuple[str, ...], int, tuple[str, ...], dict[str, Any]]:
+        """How ``builder`` lays out a row made directly: every field's name (the primary
+        key, the clock fields, the varying ones in the order of ``params``, the
+        constants), how many clock fields, the varying fields, the constants by name."""
+        varying = tuple(name for name, _ in self.params)
         pk_name = next(name for name, source in self.columns if source == "pk")
         clocks = tuple(name for name, source in self.columns if source == "clock")
         constants = {
@@ -180,7 +203,7 @@ class FastInsert:
             for name, source in self.columns
             if source not in ("pk", "clock") and name not in varying
         }
-        return pk_name, clocks, varying, constants
+        return (pk_name, *clocks, *varying, *constants), len(clocks), varying, constants
 
 
 _CACHE: dict[tuple[Any, ...], FastInsert] = {}

@@ -96,11 +96,11 @@ def send(
         else None
     )
     if connection.in_atomic_block:
-        message = _insert(row, text, db, notify)
+        message = _insert(row, text, connection, notify)
     else:
         # The key counter's row lock must last until the message row commits.
         with transaction.atomic(using=db):
-            message = _insert(row, text, db, notify)
+            message = _insert(row, text, connection, notify)
     if notify is None:
         triggers.schedule("outbox", db, message.pk)
     if metrics.enabled():
@@ -108,10 +108,12 @@ def send(
     return message
 
 
-def _insert(row: dict[str, Any], payload_json: str, db: str, notify: str | None) -> OutboxMessage:
+def _insert(
+    row: dict[str, Any], payload_json: str, connection: Any, notify: str | None
+) -> OutboxMessage:
+    db = connection.alias
     if row["key"] is not None:
         row["sequence"], row["blocked"] = next_sequence(db, row["destination"], row["key"])
-    connection = connections[db]
     if not connection.features.can_return_columns_from_insert:
         # The database's clock, as everywhere else (see engine.clock). MySQL
         # cannot return it from the INSERT: the returned object shows this

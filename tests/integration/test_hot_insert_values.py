@@ -135,3 +135,32 @@ def test_a_batch_insert_gives_the_same_instances_with_or_without_init_receivers(
     for made in [*direct, *through_init]:
         assert fields(made) == fields(InboxMessage.objects.get(pk=made.pk))
         assert made._state.adding is False and made._state.db == "default"
+
+
+def test_send_gives_the_instance_read_back_with_or_without_init_receivers():
+    """``send()``'s single-row insert makes its instance directly unless a ``post_init``
+    receiver must see it made by ``Model.__init__``; either way it is the row as stored,
+    read back (the clock stamps the database's, the constants their defaults)."""
+    from django.db.models.signals import post_init
+
+    def fields(instance):
+        return {f.attname: getattr(instance, f.attname) for f in OutboxMessage._meta.fields}
+
+    with transaction.atomic():
+        plain = django_outbox.send("order.created", {"n": 1}, key="k", headers={"h": AWKWARD})
+    told = []
+
+    def receiver(sender, instance, **kwargs):
+        told.append(instance)
+
+    post_init.connect(receiver, sender=OutboxMessage)
+    try:
+        with transaction.atomic():
+            through_init = django_outbox.send("order.created", {"n": 2}, correlation_id="c")
+    finally:
+        post_init.disconnect(receiver, sender=OutboxMessage)
+    assert any(seen is through_init for seen in told), "made by __init__"
+    assert not any(seen is plain for seen in told)
+    for made in (plain, through_init):
+        assert fields(made) == fields(OutboxMessage.objects.get(pk=made.pk))
+        assert made._state.adding is False and made._state.db == "default"
