@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
@@ -47,6 +47,8 @@ from django_outbox.inbox.models import (
 )
 from django_outbox.validation import storable
 from django_outbox.wire import HEADER_REPLY_TO
+
+S = TypeVar("S")
 
 #: The Celery task an on-commit trigger of the inbox sends.
 HANDLE_TASK = "django_outbox.tasks.handle_inbox"
@@ -429,27 +431,29 @@ class Inbox(LockedRunner):
 def store_and_handle(
     using: str,
     envelopes: Iterable[tuple[str, str, str | None]],
-    store: Callable[[], Sequence[Any]],
-) -> tuple[list[Any], int, bool]:
-    """Store messages with *store* (called inside a transaction; it returns the new rows)
-    and handle the new ones in that same transaction: they are the transaction's own until
-    it commits, so they need no claim, and a crash rolls back the rows with their
-    handlers' effects. *envelopes* (``intake.ordered_envelopes``) name the ordered keys
-    whose cursors are created first, committed, on MySQL/MariaDB (see
+    store: Callable[[], S],
+    rows: Callable[[S], Sequence[Any]],
+) -> tuple[S, int, bool]:
+    """Store messages with *store* (called inside a transaction; *rows* picks the new rows
+    out of what it returns) and handle the new ones in that same transaction: they are the
+    transaction's own until it commits, so they need no claim, and a crash rolls back the
+    rows with their handlers' effects. *envelopes* (``intake.ordered_envelopes``) name the
+    ordered keys whose cursors are created first, committed, on MySQL/MariaDB (see
     ``ensure_cursors_of``).
 
-    Returns the new rows, how many were handled, and whether handling made other messages
-    of strict keys due (stored earlier, waiting for a predecessor among these): the
-    caller wakes the handlers for those."""
+    Returns what *store* returned, how many were handled, and whether handling made other
+    messages of strict keys due (stored earlier, waiting for a predecessor among these):
+    the caller wakes the handlers for those."""
     if connections[using].vendor == "mysql":
         ensure_cursors_of(using, envelopes)
     inbox = Inbox(using=using)
     with transaction.atomic(using=using):
-        new = list(store())
+        stored = store()
+        new = rows(stored)
         handled = inbox.run_owned(new).done if new else 0
     part = inbox.part
     assert isinstance(part, Handling)
-    return new, handled, bool(part.woken)
+    return stored, handled, bool(part.woken)
 
 
 def ensure_cursors(using: str, rows: Iterable[Any]) -> int:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +46,7 @@ from django_outbox.conf import Source
 from django_outbox.engine import faults, sweeps, triggers
 from django_outbox.engine.retry import retry_transient
 from django_outbox.inbox.consumers.outage import Outage, SourceUnavailable
-from django_outbox.inbox.handling import Handling, Inbox, ensure_cursors_of
+from django_outbox.inbox.handling import Handling, Inbox, store_and_handle
 from django_outbox.inbox.intake import (
     REFUSED,
     Arrival,
@@ -322,7 +323,7 @@ class KombuConsumer:
             return
         self.result.received += len(batch)
         arrivals = [self._arrival(m) for m in batch]
-        inbox = Inbox(using=self.using) if self.handle else None
+        handle = self.handle
         # A redelivered batch may be one whose handler killed the consumer: store it
         # first (committed), then handle it through claims that count each attempt
         # before it runs, so a poison message uses up its attempts and is parked
@@ -330,14 +331,14 @@ class KombuConsumer:
         redelivered = any(
             (getattr(m, "delivery_info", None) or {}).get("redelivered") for m in batch
         )
-        handle_later = inbox is not None and redelivered
+        handle_later = handle and redelivered
         if handle_later:
-            inbox = None
+            handle = False
         try:
             # A deadlock or a lost connection rolled everything back: the messages
             # are still in hand, unacknowledged, so the batch can simply go again.
-            stored, handled = retry_transient(
-                lambda: self._store(arrivals, inbox),
+            stored, handled, woken = retry_transient(
+                lambda: self._store(arrivals, handle=handle),
                 what=f"storing a batch from {self.source.name}",
                 reconnect=self.using,
             )
@@ -389,18 +390,18 @@ class KombuConsumer:
                     exc_info=True,
                 )
                 connections[self.using].close()
-        if inbox is not None and isinstance(inbox.part, Handling) and inbox.part.woken:
+        if woken:
             # Handling made messages of strict keys due (stored earlier, waiting for
             # a predecessor that came in this batch): handle them now.
-            self.result.handled += inbox.drain().done
+            self.result.handled += Inbox(using=self.using).drain().done
 
-    def _store(self, arrivals: list[Arrival], inbox: Inbox | None) -> tuple[Stored, int]:
+    def _store(self, arrivals: list[Arrival], *, handle: bool) -> tuple[Stored, int, bool]:
         """Store *arrivals* in one statement; if the database refuses a value of the
         batch, one by one (so the message at fault is kept as unreadable, and the
         others are stored as usual)."""
         with tracing.receiving(self.source, arrivals):  # a "receive" span when tracing is on
             try:
-                return self._store_with(store_many, arrivals, inbox)
+                return self._store_with(store_many, arrivals, handle=handle)
             except REFUSED as exc:
                 logger.warning(
                     "the database refused a batch of %d message(s) from %s (%s: %s); storing "
@@ -410,31 +411,29 @@ class KombuConsumer:
                     type(exc).__name__,
                     str(exc).splitlines()[0] if str(exc) else "",
                 )
-                return self._store_with(store_each, arrivals, inbox)
+                return self._store_with(store_each, arrivals, handle=handle)
 
     def _store_with(
-        self,
-        storer: Callable[..., Stored],
-        arrivals: Sequence[Arrival],
-        inbox: Inbox | None,
-    ) -> tuple[Stored, int]:
-        """Store *arrivals* with *storer* and, with *inbox*, handle the new ones, in one
-        transaction: the inserted rows are this transaction's until it commits, so they
-        need no claim, and a crash rolls back rows and effects together (the broker,
-        not yet acknowledged, delivers them again). Returns what was stored and handled."""
-        handled = 0
-        if inbox is not None and connections[self.using].vendor == "mysql":
-            # Cursors created committed, before the transaction: there, InnoDB would
-            # keep a shared lock on every cursor that exists (see ensure_cursors_of).
-            ensure_cursors_of(self.using, ordered_envelopes(arrivals))
+        self, storer: Callable[..., Stored], arrivals: Sequence[Arrival], *, handle: bool
+    ) -> tuple[Stored, int, bool]:
+        """Store *arrivals* with *storer* in one transaction and, with *handle*, handle
+        the new ones in it (``handling.store_and_handle``: a crash rolls back rows and
+        effects together, and the broker, not yet acknowledged, delivers them again).
+        Returns what was stored, how many were handled, and whether handling made other
+        messages of strict keys due."""
+        if handle:
+            return store_and_handle(
+                self.using,
+                ordered_envelopes(arrivals),
+                lambda: storer(arrivals, using=self.using),
+                rows=operator.attrgetter("rows"),
+            )
         with transaction.atomic(using=self.using):
             stored = storer(arrivals, using=self.using)
-            if inbox is not None and stored.rows:
-                handled = inbox.run_owned(stored.rows).done
-        if inbox is None and stored.rows and not self.handle:
+        if stored.rows and not self.handle:
             # Nobody here handles them: wake the handlers as DISPATCH says.
             triggers.dispatch("inbox", self.using, stored.ids)
-        return stored, handled
+        return stored, 0, False
 
     def _give_back(self, batch: list[Any]) -> None:
         """Return *batch*, never stored, to the queue."""

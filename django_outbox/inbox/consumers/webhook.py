@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -148,8 +149,11 @@ def _store_and_handle_one(config: Source, arrival: Arrival, parsed: Parsed) -> b
     """Store one delivery and handle it in one transaction; whether it was new."""
     using = router.db_for_write(InboxMessage)
     prepared = parsed.prepared(config.name)
-    new, _, woken = store_and_handle(
-        using, ordered_envelopes([arrival]), lambda: receive_many([prepared], using=using)[0]
+    (new, _), _, woken = store_and_handle(
+        using,
+        ordered_envelopes([arrival]),
+        lambda: receive_many([prepared], using=using),
+        rows=operator.itemgetter(0),
     )
     if woken:
         # Later messages of its key, stored before it, are due now: the workers take them.
@@ -341,10 +345,11 @@ def _store_batch(
     try:
         prepared = [one.prepared for one in readable]
         if handle:
-            new, _, woken = store_and_handle(
+            (new, _), _, woken = store_and_handle(
                 using,
                 ordered_envelopes([one.arrival for one in readable]),
-                lambda: receive_many(prepared, using=using)[0],
+                lambda: receive_many(prepared, using=using),
+                rows=operator.itemgetter(0),
             )
             handled = True
         else:
