@@ -18,7 +18,7 @@ PYTEST_ARGS ?= --durations=20
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-webhook bench-webhook-instructions bench-jobs-instructions bench-inbox-instructions bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-webhook bench-webhook-instructions bench-jobs-instructions bench-inbox-instructions bench-send-instructions bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench-webhook-instructions  instructions a delivery costs the webhook view and the bare INSERT view (valgrind)"
 	@echo "make bench-jobs-instructions  instructions a no-op job costs jobs_worker and the lean loops (valgrind)"
 	@echo "make bench-inbox-instructions  instructions a message costs inbox_consume and the lean consumer (valgrind)"
+	@echo "make bench-send-instructions  instructions a transaction with send() or enqueue() costs against a bare INSERT (valgrind)"
 	@echo "make bench-soak  eight minutes at a steady 700 items/s beside 5 million finished rows: latency, backlog, claim cost, vacuum, memory"
 	@echo "make bench-tracing  what tracing costs send() and the relay: off, the API alone, the SDK (see docs/benchmarks.md)"
 	@echo "make chaos  crash and recovery tests at full size (relays SIGKILLed and SIGSTOPped, connections killed)"
@@ -176,6 +177,7 @@ bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.webhook_instructions --deliveries 50 --smoke
 	$(VENV)/bin/python -m tests.benchmarks.jobs_instructions --jobs 500 --smoke
 	$(VENV)/bin/python -m tests.benchmarks.inbox_instructions --messages 1000 --smoke
+	$(VENV)/bin/python -m tests.benchmarks.send_instructions --transactions 100 --smoke
 	$(VENV)/bin/python -m tests.benchmarks.soak --rate 200 --minutes 0.5 --window 15
 
 # The admin's list and message pages over 5 million rows on PostgreSQL, in a database
@@ -211,6 +213,11 @@ bench-jobs-instructions: $(VENV)/.installed
 # The same for a message from RabbitMQ: inbox_consume against the lean consumer (valgrind).
 bench-inbox-instructions: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.inbox_instructions --messages 5000
+
+# The same for a business transaction: an order with send() or enqueue() against the same
+# order with a bare INSERT of the row (valgrind).
+bench-send-instructions: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.send_instructions --transactions 2000
 
 # A steady rate for eight minutes beside 5 million finished messages and jobs, nothing
 # purged (issue 17 §8): is anything growing? Its own database, made again; about 15

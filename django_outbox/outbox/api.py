@@ -124,12 +124,14 @@ def _insert(
         return message
     # The hot path of every send(): one INSERT … RETURNING built once per
     # connection (see engine.insert), the payload's JSON text passed as it was
-    # validated, not encoded again.
+    # validated, not encoded again. Optional fields left at their defaults are not
+    # parameters: the statement writes those defaults itself (one variant per set).
     returning = f"pg_notify('{notify}', 'outbox')" if notify is not None else ""
+    varying = _VARYING + tuple(name for name, default in _OPTIONAL if row[name] is not default)
     statement = fast_insert(
         connection,
         OutboxMessage,
-        varying=_VARYING,
+        varying=varying,
         clock_fields=_CLOCK_COLUMNS,
         returning_extra=returning,  # notify: an identifier (checked by the settings)
     )
@@ -138,17 +140,10 @@ def _insert(
 
 
 #: The fields a send() sets; every other column is written with its default.
-_VARYING = (
-    "message_id",
-    "type",
-    "destination",
-    "payload",
-    "headers",
-    "key",
-    "sequence",
-    "correlation_id",
-    "blocked",
-)
+_VARYING = ("message_id", "type", "destination", "payload", "headers")
+#: The fields a send() sets only when they differ from their default (immutable values,
+#: compared by identity: an instance gets the default itself).
+_OPTIONAL = (("key", None), ("sequence", None), ("correlation_id", None), ("blocked", False))
 #: Set from the database's clock in the INSERT itself (see engine.clock).
 _CLOCK_COLUMNS = ("created_at", "available_at")
 

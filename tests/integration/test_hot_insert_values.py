@@ -148,6 +148,8 @@ def test_send_gives_the_instance_read_back_with_or_without_init_receivers():
 
     with transaction.atomic():
         plain = django_outbox.send("order.created", {"n": 1}, key="k", headers={"h": AWKWARD})
+        # Without a key or a correlation id: those columns are left to their defaults.
+        bare = django_outbox.send("order.created", {"n": 3})
     told = []
 
     def receiver(sender, instance, **kwargs):
@@ -161,6 +163,6 @@ def test_send_gives_the_instance_read_back_with_or_without_init_receivers():
         post_init.disconnect(receiver, sender=OutboxMessage)
     assert any(seen is through_init for seen in told), "made by __init__"
     assert not any(seen is plain for seen in told)
-    for made in (plain, through_init):
+    for made in (plain, bare, through_init):
         assert fields(made) == fields(OutboxMessage.objects.get(pk=made.pk))
         assert made._state.adding is False and made._state.db == "default"
