@@ -175,13 +175,15 @@ class JobsBackend(compat.BaseTaskBackend):  # type: ignore[misc,valid-type,unuse
             self._validated.add(task)
         args = list(args)
         kwargs = dict(kwargs)
-        check_json(args, f"arguments of {task.module_path}", "args")
-        check_json(kwargs, f"arguments of {task.module_path}", "kwargs")
+        task_path = task.module_path  # a property that formats the path on each read
+        problem = json_problem(args, "args") or json_problem(kwargs, "kwargs")
+        if problem is not None:
+            raise JobArgumentsError(f"arguments of {task_path}: {problem}")
         settings = get_settings()
         options = task if isinstance(task, JobTask) else None
         row: dict[str, Any] = {
             "result_id": uuid7(),
-            "task_path": task.module_path,
+            "task_path": task_path,
             "backend": self.alias,
             "queue_name": task.queue_name,
             "priority": task.priority,
