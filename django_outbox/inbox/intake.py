@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,12 +225,12 @@ def parse(arrival: Arrival) -> Parsed:
     )
 
 
-def ordered_envelopes(arrivals: Sequence[Arrival]) -> list[tuple[str, str, str]]:
+def ordered_envelopes(arrivals: Sequence[Arrival]) -> Iterator[tuple[str, str, str]]:
     """``(source, type, key)`` of each arrival that names a valid key, read from its
     headers alone (the body is not parsed): what ``inbox_consume`` creates the cursors
     of before its batch's transaction. An arrival found unreadable later only leaves an
-    unused cursor."""
-    envelopes = []
+    unused cursor. Read as they are asked for: only MySQL/MariaDB asks
+    (``handling.store_and_handle``)."""
     for arrival in arrivals:
         source = arrival.source
         headers = lower_keys(arrival.headers)
@@ -245,8 +245,7 @@ def ordered_envelopes(arrivals: Sequence[Arrival]) -> list[tuple[str, str, str]]
             check_text("source", source.name, MAX_SOURCE_LENGTH)
         except InvalidMessage:
             continue
-        envelopes.append((source.name, str(message_type), key))
-    return envelopes
+        yield source.name, str(message_type), key
 
 
 def store(

@@ -39,9 +39,17 @@ WHERE id = ANY(%(ids)s)
 """
 
 
-def consume(url: str, queue: str, dsn: str, idle: float, max_messages: int | None = None) -> int:
+def consume(
+    url: str,
+    queue: str,
+    dsn: str,
+    idle: float,
+    max_messages: int | None = None,
+    batch_wait: float = 0.05,
+) -> int:
     """Consume *queue* until IDLE seconds pass without a message, or *max_messages* are
-    handled; returns how many were handled."""
+    handled; returns how many were handled. A batch is stored when it holds 500
+    messages, or when none came for *batch_wait* seconds."""
     db = psycopg.connect(dsn)
     pending: list[Any] = []
     handled = 0
@@ -72,12 +80,12 @@ def consume(url: str, queue: str, dsn: str, idle: float, max_messages: int | Non
             waited = 0.0
             while max_messages is None or handled < max_messages:
                 try:
-                    conn.drain_events(timeout=0.05)
+                    conn.drain_events(timeout=batch_wait)
                     waited = 0.0
                     if len(pending) < 500:
                         continue
                 except TimeoutError:
-                    waited += 0.05
+                    waited += batch_wait
                     if not pending and waited >= idle:
                         break
                 if pending:

@@ -45,6 +45,7 @@ from django_outbox import metrics, signals, tracing
 from django_outbox.conf import Source
 from django_outbox.engine import faults, sweeps, triggers
 from django_outbox.engine.retry import retry_transient
+from django_outbox.inbox.consumers.amqp import buffered_transport
 from django_outbox.inbox.consumers.outage import Outage, SourceUnavailable
 from django_outbox.inbox.handling import Handling, Inbox, store_and_handle
 from django_outbox.inbox.intake import (
@@ -169,6 +170,8 @@ class KombuConsumer:
             url,
             heartbeat=float(options.get("heartbeat", DEFAULT_HEARTBEAT_SECONDS)),
             transport_options=transport_options,
+            # Plain AMQP: frames read from the socket in large pieces (see .amqp).
+            transport=buffered_transport(url),
         )
 
     def _recoverable(self, connection: kombu.Connection, exc: Exception) -> bool:
