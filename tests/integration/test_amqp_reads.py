@@ -64,6 +64,23 @@ def test_a_read_that_times_out_mid_frame_resumes_from_the_frames_first_byte(tran
     assert bytes(made.read_frame()[2]) == b"next"
 
 
+def test_the_socket_timeout_is_left_alone_while_a_whole_frame_is_held(transport):
+    made, broker = transport
+    made.sock.settimeout(30.0)
+    broker.sendall(frame(b"one") + frame(b"two")[:6])
+    with made.having_timeout(0.5) as sock:  # nothing held yet: the socket will wait
+        assert sock.gettimeout() == 0.5
+        assert bytes(made.read_frame()[2]) == b"one"
+    assert made.sock.gettimeout() == 30.0
+    broker.sendall(frame(b"two")[6:] + frame(b"three"))
+    with made.having_timeout(0.5) as sock:  # "two" is partly held: it will wait
+        assert sock.gettimeout() == 0.5
+        assert bytes(made.read_frame()[2]) == b"two"
+    with made.having_timeout(0.5) as sock:  # "three" is held whole: no wait
+        assert sock.gettimeout() == 30.0
+        assert bytes(made.read_frame()[2]) == b"three"
+
+
 def test_a_closed_connection_is_an_error_not_an_empty_frame(transport):
     made, broker = transport
     broker.sendall(frame(b"cut")[:5])

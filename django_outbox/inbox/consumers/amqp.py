@@ -5,7 +5,9 @@ byte), each asking the socket for exactly the bytes it needs: a message of three
 frames costs nine system calls, the largest single cost of receiving it (issue 17
 §4). This transport asks for up to :data:`READ_SIZE` bytes whenever what it holds
 does not make up the bytes wanted, and serves the next frames from what came: under
-load, one system call brings a few dozen messages.
+load, one system call brings a few dozen messages. While the next frame is held whole,
+the socket's timeout is not set for it and put back (py-amqp does both for every
+frame, two more system calls): no read will wait.
 
 What it holds and has not handed out stays readable as py-amqp's ``_read_buffer``:
 when a read times out in the middle of a frame, py-amqp puts the frame's first
@@ -18,15 +20,17 @@ hub), which is why only ``inbox_consume`` uses it.
 Only plain TCP: a TLS connection (``amqps://``, ``ssl``) keeps py-amqp's own
 transport, whose reads go through the TLS layer's buffer already.
 
-It relies on two methods of py-amqp's TCP transport that are not public
-(``_read``, ``_setup_transport``), checked against the version ``pyproject.toml``
+It relies on methods of py-amqp's TCP transport that are not public (``_read``,
+``_setup_transport``, and ``having_timeout``), checked against the version ``pyproject.toml``
 pins by ``tests/integration/test_amqp_reads.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import amqp
@@ -38,6 +42,8 @@ from kombu.transport import pyamqp
 READ_SIZE = 16384
 
 _RETRY_ERRNOS = (errno.EAGAIN, errno.EINTR)
+#: A frame's payload size: after its type (one octet) and channel (two).
+_SIZE = struct.Struct(">I")
 
 
 class BufferedTCPTransport(amqp.transport.TCPTransport):
@@ -63,6 +69,24 @@ class BufferedTCPTransport(amqp.transport.TCPTransport):
     def _read_buffer(self, unread: bytes) -> None:
         self._held = unread
         self._at = 0
+
+    @contextlib.contextmanager
+    def having_timeout(self, timeout: float | None) -> Iterator[Any]:
+        """The socket with *timeout* for the next frame's reads; as it is when the next
+        frame is held whole (no read will wait: two ``settimeout`` calls saved)."""
+        if timeout is None or self._holds_a_frame():
+            yield self.sock
+            return
+        with super().having_timeout(timeout) as sock:
+            yield sock
+
+    def _holds_a_frame(self) -> bool:
+        """Whether the next frame, its end octet included, is held."""
+        at, held = self._at, self._held
+        if len(held) - at < 7:
+            return False
+        size: int = _SIZE.unpack_from(held, at + 3)[0]
+        return len(held) - at >= size + 8
 
     def _read(self, n: int, initial: bool = False, _errnos: Any = _RETRY_ERRNOS) -> bytes:
         """The next *n* bytes: from what is held when it has them, else after receiving
