@@ -13,6 +13,13 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/django_outbox
 MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_outbox
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?= --durations=20
+# Each test stage runs its tests in two pytest-xdist workers: the machine has two cores
+# and most tests wait on processes and services. Each worker has a test database of its
+# own (pytest-django's gw0/gw1 suffix) and Redis databases of its own
+# (testproject.settings.for_test_worker); tests killing or cutting off connections pick
+# them by database. The tests that stop RabbitMQ itself (broker_crash) then run alone.
+# `make test XDIST=` runs every stage in one process.
+XDIST ?= -n 2 --dist worksteal
 # The package with its integrations, editable, plus the pinned contributor groups of
 # pyproject.toml's [dependency-groups] (PEP 735: pip >= 25.1, hence the upgrade first).
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
@@ -112,7 +119,11 @@ lint: $(VENV)/.installed
 # Django 5.2 / Python 3.11 on PostgreSQL: every test, real services.
 test-postgres: $(VENV)/.installed chromium
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV)/bin/python -m pytest --create-db -m "not restarts_services and not partitioned" $(PYTEST_ARGS)
+		$(VENV)/bin/python -m pytest --create-db $(XDIST) \
+		-m "not restarts_services and not partitioned and not broker_crash" $(PYTEST_ARGS)
+	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(VENV)/bin/python -m pytest --create-db \
+		-m "broker_crash and not restarts_services and not partitioned" $(PYTEST_ARGS)
 
 # PostgreSQL with the three tables partitioned by time (outbox_partition convert, run
 # on the test database before the session): the tests of partitioning, and the
@@ -121,7 +132,7 @@ test-postgres: $(VENV)/.installed chromium
 # that expect the purge to delete expired rows at once (they go with their partition).
 test-partitioned: $(VENV)/.installed
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) DJANGO_OUTBOX_TEST_PARTITIONED=1 \
-		$(VENV)/bin/python -m pytest --create-db \
+		$(VENV)/bin/python -m pytest --create-db $(XDIST) \
 		-m "not processes and not browser and not plans and not plain_retention and not restarts_services" \
 		tests/integration tests/properties tests/conformance $(PYTEST_ARGS)
 
@@ -136,14 +147,19 @@ test-chaos: $(VENV)/.installed
 # The embedded default: everything that does not need PostgreSQL row locks.
 test-sqlite: $(VENV)/.installed chromium
 	DATABASE_URL= CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV)/bin/python -m pytest --create-db -m "not postgres and not row_locks" $(PYTEST_ARGS)
+		$(VENV)/bin/python -m pytest --create-db $(XDIST) \
+		-m "not postgres and not row_locks and not broker_crash" $(PYTEST_ARGS)
+	DATABASE_URL= CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(VENV)/bin/python -m pytest --create-db \
+		-m "broker_crash and not postgres and not row_locks" $(PYTEST_ARGS)
 
 # MariaDB: SKIP LOCKED claims, so the multi-process tests run here too (RabbitMQ
 # crashed under a relay is a broker test, and the process tests of what lies above
 # the database are marked one_database: they run once, on PostgreSQL).
 test-mariadb: $(VENV)/.installed chromium
 	DATABASE_URL=$(MARIADB_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV)/bin/python -m pytest --create-db -m "not broker_crash and not one_database and not restarts_services and not partitioned" $(PYTEST_ARGS)
+		$(VENV)/bin/python -m pytest --create-db $(XDIST) \
+		-m "not broker_crash and not one_database and not restarts_services and not partitioned" $(PYTEST_ARGS)
 
 # Django 6.1 / Python 3.12 on PostgreSQL. The real-process crash tests (SIGKILL,
 # SIGSTOP, killed brokers and connections) test the database's and the broker's
@@ -151,7 +167,9 @@ test-mariadb: $(VENV)/.installed chromium
 # except those of the jobs, which run on Django's own django.tasks here.
 test-django6: $(VENV6)/.installed chromium
 	DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(VENV6)/bin/python -m pytest --create-db -m "(not processes or jobs) and not restarts_services and not partitioned" $(PYTEST_ARGS)
+		$(VENV6)/bin/python -m pytest --create-db $(XDIST) \
+		-m "(not processes or jobs) and not restarts_services and not partitioned and not broker_crash" \
+		$(PYTEST_ARGS)
 
 # The demo, smaller, on its own SQLite file and embedded broker.
 demo-ci: $(VENV)/.installed

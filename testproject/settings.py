@@ -101,7 +101,27 @@ FILESYSTEM_TRANSPORT_OPTIONS = {
     "store_processed": False,
 }
 
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+
+def for_test_worker(url: str) -> str:
+    """*url*, or under pytest-xdist the Redis database of this worker in its place.
+
+    ``make test`` runs the suite in two pytest-xdist workers (``gw0``, ``gw1``; their
+    child processes inherit ``PYTEST_XDIST_WORKER``). The test Redis databases 13 (the
+    ``redis_url`` fixture, emptied by each test) and 14 (Celery's broker) are then
+    each worker's own: worker N takes 13 - 2N and 14 - 2N, so that no worker empties
+    or consumes the other's. Any other URL is left as it is.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    prefix = "redis://127.0.0.1:6379/"
+    if not worker.startswith("gw") or not url.startswith(prefix):
+        return url
+    database = url[len(prefix) :]
+    if database not in ("13", "14"):
+        return url
+    return f"{prefix}{int(database) - 2 * int(worker[2:])}"
+
+
+CELERY_BROKER_URL = for_test_worker(os.environ.get("CELERY_BROKER_URL", "filesystem://"))
 if CELERY_BROKER_URL.startswith("filesystem"):
     CELERY_BROKER_TRANSPORT_OPTIONS = FILESYSTEM_TRANSPORT_OPTIONS
 elif CELERY_BROKER_URL.startswith("amqp"):
@@ -115,7 +135,7 @@ CELERY_DB_REUSE_MAX = int(os.environ.get("TESTPROJECT_DB_REUSE_MAX", "0")) or No
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
-OUTBOX_BROKER_URL = os.environ.get("OUTBOX_BROKER_URL", CELERY_BROKER_URL)
+OUTBOX_BROKER_URL = for_test_worker(os.environ.get("OUTBOX_BROKER_URL", CELERY_BROKER_URL))
 _default_destination: dict[str, Any] = {
     "TRANSPORT": os.environ.get("OUTBOX_TRANSPORT", "kombu"),
     "URL": OUTBOX_BROKER_URL,

@@ -106,7 +106,9 @@ def empty_the_test_celery_broker_afterwards() -> Iterator[None]:
         import redis
 
         try:
-            client = redis.Redis.from_url(TEST_CELERY_BROKER, socket_connect_timeout=1)
+            # This worker's own database (``for_test_worker``), never the other's.
+            broker = django_settings.CELERY_BROKER_URL
+            client = redis.Redis.from_url(broker, socket_connect_timeout=1)
             client.flushdb()
             client.close()
         except redis.RedisError:

@@ -79,8 +79,10 @@ class Host:
         self.netns = f"dox-{name}-{tag}"
         self.outer = f"dxh{tag}"  # this side of the veth (15 characters at most)
         inner = f"dxn{tag}"
-        # A /30 this process owns: 10.<200 + pid mod 50>.<host number>.0.
-        base = f"10.{200 + os.getpid() % 50}.{number % 256}"
+        # A /30 this process owns: 10.<200 + 25 x its pytest-xdist worker number + pid
+        # mod 25>.<host number>.0 (two workers never share a subnet).
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+        base = f"10.{200 + (25 * worker + os.getpid() % 25) % 56}.{number % 256}"
         self.gateway = f"{base}.1"
         self.address = f"{base}.2"
         self.ports = tuple(ports)

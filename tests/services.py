@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from testproject.settings import for_test_worker
+
 SERVICES = {
     "postgres": ("127.0.0.1", 5432),
     "redis": ("127.0.0.1", 6379),
@@ -15,7 +17,8 @@ SERVICES = {
     "mariadb": ("127.0.0.1", 3306),
 }
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+#: The Redis database tests may empty (this pytest-xdist worker's own: ``for_test_worker``).
+REDIS_URL = for_test_worker(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/13"))
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 

@@ -45,7 +45,8 @@ def test_relay_outlives_its_listen_connection(configure_outbox):
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()"
+                "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid() "
+                "AND datname = current_database()"
             )
             assert cursor.fetchall(), "no LISTEN connection found"
         second = django_outbox.send("order.created", {"id": 2})
