@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 
-from django_outbox.engine import telemetry
+from django_outbox.engine import heartbeat, telemetry
 from django_outbox.outbox.transports import memory, registry
 from tests import services
 
@@ -135,6 +135,19 @@ def no_timed_telemetry_flush(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     telemetry.discard()
     yield
     telemetry.discard()
+
+
+@pytest.fixture(autouse=True)
+def no_heartbeat_outlives_its_test() -> Iterator[None]:
+    """A process heartbeat a test started stops with it.
+
+    A Celery task run the way a worker runs it starts this process's heartbeat
+    (``heartbeat.start_for_task``). Left running, it would tend, renew and hand back
+    the claims of the tests after it, and write beside their transactions.
+    """
+    yield
+    if heartbeat.current() is not None:
+        heartbeat.stop()
 
 
 @pytest.fixture
