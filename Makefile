@@ -180,7 +180,7 @@ demo-ci: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 100000 --repeat 3
-	$(VENV)/bin/python -m tests.benchmarks.latency --rates 100,500,2000 --seconds 10
+	$(VENV)/bin/python -m tests.benchmarks.latency --rates 300,500 --seconds 10 --repeat 3
 
 bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational

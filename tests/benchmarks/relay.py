@@ -139,7 +139,7 @@ def run_outbox_relay(count: int, destination: str, label: str | None = None) -> 
 CPU_PER_MESSAGE: dict[str, list[float]] = {}
 
 
-def _lean_claim(conn: Any, columns: str) -> list[Any]:
+def lean_claim(conn: Any, columns: str) -> list[Any]:
     """The lean relays' claim: 500 due rows in one ``UPDATE … RETURNING`` over
     ``SKIP LOCKED``, *columns* read back."""
     with conn.transaction():
@@ -159,7 +159,7 @@ def _lean_claim(conn: Any, columns: str) -> list[Any]:
     return rows
 
 
-def _lean_mark_sent(conn: Any, ids: list[Any]) -> None:
+def lean_mark_sent(conn: Any, ids: list[Any]) -> None:
     """The lean relays' record: the batch marked sent in one statement."""
     with conn.transaction():
         conn.execute(
@@ -183,9 +183,9 @@ def _timed_lean(
     conn = psycopg.connect(BENCH_DB)
     moved = 0
     started, cpu = time.perf_counter(), time.process_time()
-    while rows := _lean_claim(conn, columns):
+    while rows := lean_claim(conn, columns):
         publish(rows)
-        _lean_mark_sent(conn, [r[0] for r in rows])
+        lean_mark_sent(conn, [r[0] for r in rows])
         moved += len(rows)
     elapsed = time.perf_counter() - started
     CPU_PER_MESSAGE.setdefault(label, []).append((time.process_time() - cpu) / count)
@@ -213,17 +213,34 @@ def run_lean_relay(count: int, label: str = "lean") -> float:
 
 
 def run_lean_rabbit_relay(count: int, *, confirm: bool) -> float:
-    """The lean relay to RabbitMQ: psycopg and py-amqp (what kombu runs on for
-    ``amqp://``), each message persistent with the standard outbox headers, so the
-    broker stores what it stores for ours. With *confirm*, mandatory publishes and one
-    wait per batch for the broker's confirms, as ours does. kombu only opens the
-    connection (it reads the URL); the messages go through py-amqp's channel."""
+    """The lean relay to RabbitMQ (``lean_rabbit_publisher``)."""
+    publish, close = lean_rabbit_publisher(QUEUE, confirm=confirm)
+    label = "lean-rabbit" if confirm else "lean-rabbit-unconfirmed"
+    try:
+        return _timed_lean(label, count, publish, LEAN_RABBIT_COLUMNS)
+    finally:
+        close()
+
+
+#: The columns the lean RabbitMQ publisher reads from a claimed row.
+LEAN_RABBIT_COLUMNS = "id, message_id, type, payload, created_at"
+
+
+def lean_rabbit_publisher(
+    queue: str, *, confirm: bool
+) -> tuple[Callable[[list[Any]], None], Callable[[], None]]:
+    """The lean relay's publishing to RabbitMQ, and how to close it: psycopg's rows
+    (``LEAN_RABBIT_COLUMNS``) through py-amqp (what kombu runs on for ``amqp://``), each
+    message persistent with the standard outbox headers, so the broker stores what it
+    stores for ours. With *confirm*, mandatory publishes and one wait per batch for the
+    broker's confirms, as ours does. kombu only opens the connection (it reads the URL);
+    the messages go through py-amqp's channel."""
     import amqp
     import kombu
 
     connection = kombu.Connection(AMQP_URL)
     channel: Any = connection.default_channel
-    channel.queue_declare(QUEUE, durable=True, auto_delete=False)
+    channel.queue_declare(queue, durable=True, auto_delete=False)
     unconfirmed: set[int] = set()
     if confirm:
         channel.confirm_select()
@@ -256,17 +273,13 @@ def run_lean_rabbit_relay(count: int, *, confirm: bool) -> float:
                 type=type_,
                 application_headers=headers,
             )
-            channel.basic_publish(message, exchange="", routing_key=QUEUE, mandatory=confirm)
+            channel.basic_publish(message, exchange="", routing_key=queue, mandatory=confirm)
             if confirm:
                 unconfirmed.add(next(tags))
         while unconfirmed:
             connection.drain_events(timeout=10)
 
-    label = "lean-rabbit" if confirm else "lean-rabbit-unconfirmed"
-    try:
-        return _timed_lean(label, count, publish, "id, message_id, type, payload, created_at")
-    finally:
-        connection.release()
+    return publish, connection.release
 
 
 def run_send_vs_bare_insert(transactions: int) -> tuple[float, float]:
