@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import statistics
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Every harness measures production-like processes: with Django's DEBUG on, each query
@@ -44,6 +47,36 @@ def drop_database(url: str) -> None:
     name = url.rsplit("/", 1)[1]
     with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def rates_in_turns(
+    bodies: Mapping[str, Callable[[int], None]], transactions: int, against: str, rounds: int = 10
+) -> dict[str, tuple[float, float]]:
+    """Calls per second of each of *bodies* (``body(n)``: one business transaction), in
+    *rounds* rounds that take turns; each round starts with another body, so none is
+    always the first after a pause. By name: the median rate, and the median of each
+    round's own ratio to *against*'s rate in that round. The machine's speed drifts
+    between rounds far more than within one; within a round it shifts every body alike.
+    """
+    for body in bodies.values():
+        body(-1)  # warm up connections and caches
+    rates: dict[str, list[float]] = {name: [] for name in bodies}
+    names = list(bodies)
+    count = max(transactions // rounds, 1)
+    for turn in range(rounds):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            body = bodies[name]
+            started = time.perf_counter()
+            for n in range(count):
+                body(n)
+            rates[name].append(count / (time.perf_counter() - started))
+    return {
+        name: (
+            statistics.median(values),
+            statistics.median(v / a for v, a in zip(values, rates[against], strict=True)),
+        )
+        for name, values in rates.items()
+    }
 
 
 def process_cpu(pids: list[int]) -> float:

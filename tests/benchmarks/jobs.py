@@ -434,35 +434,14 @@ def bench_enqueue(transactions: int) -> dict[str, tuple[float, float]]:
         "bare INSERT": order_and_bare_insert,
         "delay_on_commit": with_delay,
     }
-    for body in bodies.values():
-        body(-1)  # warm up connections and caches
-    rates: dict[str, list[float]] = {name: [] for name in bodies}
-    rounds = 10
-    names = list(bodies)
-    for turn in range(rounds):
-        # Each round starts with another body: none is always the first after a pause.
-        for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            body = bodies[name]
-            count = transactions // rounds
-            started = time.perf_counter()
-            for n in range(count):
-                body(n)
-            rates[name].append(count / (time.perf_counter() - started))
+    # Ratios within each round: the three bodies ran minutes apart at most, so a
+    # machine that slows down during the run (it does) shifts all three alike.
+    measured = common.rates_in_turns(bodies, transactions, against="bare INSERT")
     truncate()
     import redis
 
     redis.Redis.from_url(REDIS_URL).flushdb()
-    # Ratios within each round: the three bodies ran minutes apart at most, so a
-    # machine that slows down during the run (it does) shifts all three alike.
-    return {
-        name: (
-            statistics.median(values),
-            statistics.median(
-                value / bare for value, bare in zip(values, rates["bare INSERT"], strict=True)
-            ),
-        )
-        for name, values in rates.items()
-    }
+    return measured
 
 
 PRODUCER = """
