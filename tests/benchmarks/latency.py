@@ -1,6 +1,6 @@
 """Commit → published latency at fixed offered rates, taken at the broker.
 
-    python -m tests.benchmarks.latency --rates 100,500,2000 --seconds 10
+    python -m tests.benchmarks.latency --rates 300,500 --seconds 10 --repeat 3
 
 For each dispatch mode (``notify``: one ``outbox_relay`` woken by NOTIFY;
 ``celery``: one Celery worker running the on-commit trigger tasks; ``lean``: the

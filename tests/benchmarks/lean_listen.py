@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from django_outbox.conf import SHARED_DEFAULTS
 from tests.benchmarks import relay as harness
 
 #: The columns the Redis publisher reads from a claimed row.
@@ -80,7 +81,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
     parser.add_argument("--queue", required=True)
-    parser.add_argument("--channel", default="django_outbox", help="The NOTIFY channel.")
+    parser.add_argument(
+        "--channel",
+        default=SHARED_DEFAULTS["NOTIFY_CHANNEL"],
+        help="The NOTIFY channel (the setting's default, as the harness's producers use).",
+    )
     args = parser.parse_args()
     listen(args.broker, args.queue, args.channel)
     return 0
