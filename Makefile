@@ -25,7 +25,7 @@ XDIST ?= -n 2 --dist worksteal
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-webhook bench-webhook-instructions bench-jobs-instructions bench-inbox-instructions bench-send-instructions bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-relay-cycle bench-webhook bench-webhook-instructions bench-jobs-instructions bench-inbox-instructions bench-send-instructions bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
@@ -36,6 +36,7 @@ help:
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
 	@echo "make bench-jobs-phases  where jobs_worker's CPU goes, phase by phase (thread CPU clocks)"
 	@echo "make bench-relay-phases where the relay's CPU goes, phase by phase (thread CPU clocks)"
+	@echo "make bench-relay-cycle  a relay cycle's CPU at 2 messages a cycle, against the lean relay's"
 	@echo "make flame  flame graphs (py-spy) of the relay and of jobs_worker into docs/img/"
 	@echo "make bench-webhook  the webhook under gunicorn against a bare INSERT, and commit → handled over HTTP"
 	@echo "make bench-webhook-instructions  instructions a delivery costs the webhook view and the bare INSERT view (valgrind)"
@@ -190,6 +191,7 @@ bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs_phases --jobs 2000
 	$(VENV)/bin/python -m tests.benchmarks.relay_phases --messages 5000 --repeat 1
+	$(VENV)/bin/python -m tests.benchmarks.relay_cycle --cycles 200 --repeat 1 --phases
 	$(VENV)/bin/python -m tests.benchmarks.partitions --rows 20000 --days 3 --items 300 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 500 --repeat 1 --rate 100 --seconds 2 --informational
 	$(VENV)/bin/python -m tests.benchmarks.webhook_instructions --deliveries 50 --smoke
@@ -253,6 +255,9 @@ bench-jobs-phases: $(VENV)/.installed
 
 bench-relay-phases: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay_phases --messages 50000 --repeat 3
+
+bench-relay-cycle: $(VENV)/.installed
+	$(VENV)/bin/python -m tests.benchmarks.relay_cycle --cycles 3000 --messages 2 --repeat 3 --phases
 
 # What counting costs send(), the relay, the inbox and the jobs (telemetry off, the
 # health page's per-minute tally, Prometheus metrics), in rounds that take turns.
