@@ -464,7 +464,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--transactions", type=int, default=2000)
+    parser.add_argument("--transactions", type=int, default=6000)
     parser.add_argument(
         "--peer-messages",
         type=int,
