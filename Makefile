@@ -248,7 +248,7 @@ bench-soak: $(VENV)/.installed
 
 bench-jobs: $(VENV)/.installed
 	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
-	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 20000 --repeat 3
+	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 60000 --repeat 3
 
 bench-jobs-phases: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.jobs_phases --jobs 20000

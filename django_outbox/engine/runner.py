@@ -208,6 +208,12 @@ class Runner:
 
     result_class: type[RunResult] = RunResult
 
+    #: Whether ``drain()`` claims the next batch on a helper thread while this one runs
+    #: (where ``_can_prefetch`` allows). Worker commands turn it off with
+    #: ``--no-prefetch``: with several worker processes on few cores shared with the
+    #: database, the helper thread's extra concurrency costs more than the overlap saves.
+    prefetch = True
+
     def __init__(self, part: Part) -> None:
         self.part = part
         self.logger = part.logger
@@ -504,6 +510,8 @@ class Runner:
         return result.claimed >= self.batch_size
 
     def _can_prefetch(self) -> bool:
+        if not self.prefetch:
+            return False
         connection = connections[self.using]
         # Another thread's connection cannot see rows of a transaction this
         # one holds open (a test case, a caller's atomic block); without

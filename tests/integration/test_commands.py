@@ -31,6 +31,41 @@ def test_outbox_relay_until_empty_delivers_everything():
     assert len(mailbox["default"]) == 25
 
 
+def test_no_prefetch_drains_on_one_thread(monkeypatch):
+    from django.db import connection
+
+    from django_outbox.engine.runner import Runner
+
+    prefetching = []
+    drain_prefetching = Runner._drain_prefetching
+
+    def spy(self, *args, **kwargs):
+        prefetching.append(self)
+        return drain_prefetching(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "_drain_prefetching", spy)
+    for n in range(25):
+        django_outbox.send("t", {"n": n})
+    out = run(
+        "outbox_relay",
+        "--json",
+        "--until-empty",
+        "--batch",
+        "10",
+        "--interval",
+        "0",
+        "--no-prefetch",
+    )
+    assert json.loads(out.strip().splitlines()[-1])["sent"] == 25
+    assert prefetching == []
+    # The same drain without the option claims ahead where the database allows it.
+    for n in range(25):
+        django_outbox.send("t", {"n": n})
+    out = run("outbox_relay", "--json", "--until-empty", "--batch", "10", "--interval", "0")
+    assert json.loads(out.strip().splitlines()[-1])["sent"] == 25
+    assert len(prefetching) == int(connection.features.has_select_for_update_skip_locked)
+
+
 def test_outbox_relay_max_batches_stops_early():
     for n in range(25):
         django_outbox.send("t", {"n": n})

@@ -22,6 +22,9 @@ class WorkerCommand(BaseCommand):
     name = ""
     noun = "row"
     done_verb = "done"
+    #: Whether the runner may claim ahead on a helper thread (``--no-prefetch`` turns it
+    #: off); a runner in lock mode never does, and its command has no such option.
+    prefetches = True
     #: What ``--max-batches`` counts (idle polls do not count).
     batch_help = "Exit after this many batches that carried rows (idle polls do not count)."
 
@@ -46,6 +49,14 @@ class WorkerCommand(BaseCommand):
         parser.add_argument("--until-empty", action="store_true", help="Exit once nothing is due.")
         parser.add_argument("--max-batches", type=positive_int, default=None, help=self.batch_help)
         parser.add_argument("--no-listen", action="store_true", help="Poll; do not LISTEN.")
+        if self.prefetches:
+            parser.add_argument(
+                "--no-prefetch",
+                action="store_true",
+                help="Claim each batch after the last one is recorded, on one thread, instead "
+                "of on a helper thread meanwhile: for several worker processes on a host whose "
+                "few cores they share with the database.",
+            )
         parser.add_argument(
             "--json", action="store_true", help="Print the exit summary as one JSON object."
         )
@@ -60,6 +71,7 @@ class WorkerCommand(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         serve_metrics(options)
         runner = self.runner(options)
+        runner.prefetch = not options.get("no_prefetch", False)
         worker = WorkerLoop(
             runner,
             interval=options["interval"],

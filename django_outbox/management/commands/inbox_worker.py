@@ -24,6 +24,7 @@ class Command(WorkerCommand):
     noun = "message"
     done_verb = "handled"
     batch_help = "Exit after this many batches that handled messages (idle polls do not count)."
+    prefetches = False  # lock mode: a message is claimed only as it is handled
 
     def runner(self, options: dict[str, Any]) -> Runner:
         return Inbox(using=options["database"], batch_size=options["batch"])
