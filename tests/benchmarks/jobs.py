@@ -136,11 +136,10 @@ def steady_rate(count: int, first_start, last_finish) -> float:
     return count / max((last_finish - first_start).total_seconds(), 1e-6)
 
 
-#: Per run of jobs_worker (its processes, the jobs' attempts, whether it prefetched
-#: claims): (machine CPU busy
-#: fraction, worker CPU seconds per job, the rest of the machine's CPU seconds per job),
-#: one entry per run, all over the drain alone (from the jobs' release to the last one
-#: finished).
+#: Per run of jobs_worker (its processes, the jobs' attempts, whether it claimed
+#: ahead): (machine CPU busy fraction, worker CPU seconds per job, the rest of the
+#: machine's CPU seconds per job), one entry per run, all over the drain alone (from the
+#: jobs' release to the last one finished).
 CPU: dict[tuple[int, int, bool], list[tuple[float, float, float]]] = {}
 WORKER_COMMAND = [sys.executable, "manage.py", "jobs_worker", "--no-listen"]
 WORKER_COMMAND += ["--json", "--interval", "0.05"]
@@ -646,34 +645,26 @@ def main() -> None:
         f"task_finished per job): {contract_cpu * 1e6:.0f} µs a job; jobs_worker is "
         f"{ours_cpu / contract_cpu:.2f}x that floor"
     )
+
     # The machine's speed drifts between rounds: each round's own ratio, then the median.
+    def per_round(one: str, *twos: str) -> float:
+        """The median over rounds of the best of *twos* against *one*, each round's own."""
+        rounds = zip(runs[one], *(runs[two] for two in twos), strict=True)
+        return statistics.median(max(r[0] for r in two) / first[0] for first, *two in rounds)
+
     scaling = {
-        name: statistics.median(
-            two_run[0] / one_run[0]
-            for one_run, two_run in zip(
-                runs[f"{name}, 1 process"], runs[f"{name}, 2 processes"], strict=True
-            )
-        )
+        name: per_round(f"{name}, 1 process", f"{name}, 2 processes")
         for name in ("jobs_worker", CONTRACT_LOOP)
     }
     # Each process count in its better form: one process gains from claiming ahead on a
     # helper thread, two on two cores shared with PostgreSQL lose by it (--no-prefetch).
-    best_two = statistics.median(
-        max(two_run[0], plain_run[0]) / one_run[0]
-        for one_run, two_run, plain_run in zip(
-            runs["jobs_worker, 1 process"],
-            runs["jobs_worker, 2 processes"],
-            runs["jobs_worker, 2 processes, --no-prefetch"],
-            strict=True,
-        )
+    best_two = per_round(
+        "jobs_worker, 1 process",
+        "jobs_worker, 2 processes",
+        "jobs_worker, 2 processes, --no-prefetch",
     )
-    plain = statistics.median(
-        two_run[0] / one_run[0]
-        for one_run, two_run in zip(
-            runs["jobs_worker, 1 process, --no-prefetch"],
-            runs["jobs_worker, 2 processes, --no-prefetch"],
-            strict=True,
-        )
+    plain = per_round(
+        "jobs_worker, 1 process, --no-prefetch", "jobs_worker, 2 processes, --no-prefetch"
     )
     print(
         f"Two processes of one with --no-prefetch (median of per-round ratios): {plain:.2f}x; "
