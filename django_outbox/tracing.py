@@ -40,7 +40,7 @@ regular expression, not the propagator); ``make bench-tracing`` measures both
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -257,6 +257,17 @@ def _span(
     propagator stored no ``traceparent``. Links are read from a ``traceparent`` directly
     (a regular expression: the relay's budget), from anything else through the
     propagator."""
+    with trace.use_span(_start_span(name, kind, attributes, carriers), end_on_exit=True) as span:
+        yield span
+
+
+def _start_span(
+    name: str,
+    kind: SpanKind,
+    attributes: dict[str, Any],
+    carriers: Iterable[Mapping[str, Any]],
+) -> Span:
+    """The span of :func:`_span`, started and not made current."""
     contexts: dict[str, Mapping[str, Any]] = {}
     for headers in carriers:
         value = headers.get(TRACEPARENT) or headers.get(SENTRY_TRACE)
@@ -273,8 +284,7 @@ def _span(
                 linked += 1
                 if linked >= MAX_LINKS:
                     break
-    with trace.use_span(span, end_on_exit=True):
-        yield span
+    return span
 
 
 def publish(
@@ -284,6 +294,42 @@ def publish(
     messages that failed set its status to ERROR, each failure recorded."""
     if not enabled():
         return transport.publish(envelopes, deadline)
+    with _span(*_publish_span(transport, envelopes)) as span:
+        outcomes = transport.publish(envelopes, deadline)
+        _failures(span, outcomes, len(envelopes))
+        return outcomes
+
+
+def hand_over(
+    transport: Transport, envelopes: Sequence[Envelope], deadline: float | None
+) -> Callable[[], Outcomes]:
+    """``transport.hand_over(envelopes, deadline)``; the function returned collects the
+    outcomes (``transport.collect``). With tracing on, one ``publish`` span covers both
+    and is current during each (not between: the relay runs its next batch there)."""
+    if not enabled():
+        handed = transport.hand_over(envelopes, deadline)
+        return lambda: transport.collect(handed)
+    span = _start_span(*_publish_span(transport, envelopes))
+    try:
+        with trace.use_span(span, end_on_exit=False):
+            handed = transport.hand_over(envelopes, deadline)
+    except BaseException:
+        span.end()  # use_span recorded the exception and the ERROR status
+        raise
+
+    def collect() -> Outcomes:
+        with trace.use_span(span, end_on_exit=True):
+            outcomes = transport.collect(handed)
+            _failures(span, outcomes, len(envelopes))
+            return outcomes
+
+    return collect
+
+
+def _publish_span(
+    transport: Transport, envelopes: Sequence[Envelope]
+) -> tuple[str, SpanKind, dict[str, Any], Iterable[Mapping[str, Any]]]:
+    """The name, kind, attributes and context carriers of a relay's ``publish`` span."""
     destination = transport.destination
     attributes = _batch_attributes(
         system_of(destination.transport, destination.options),
@@ -293,25 +339,26 @@ def publish(
         [str(e.message_id) for e in envelopes[:2]],
         len(envelopes),
     )
-    with _span(
+    return (
         f"publish {destination.name}",
         SpanKind.PRODUCER,
         attributes,
         (e.user_headers for e in envelopes),
-    ) as span:
-        outcomes = transport.publish(envelopes, deadline)
-        if span.is_recording():
-            failed = [error for error in outcomes.values() if error is not None]
-            if failed:
-                for error in failed[:MAX_LINKS]:
-                    span.record_exception(error)
-                span.set_status(
-                    Status(
-                        StatusCode.ERROR,
-                        f"{len(failed)} of {len(envelopes)} message(s) failed: {failed[0]}",
-                    )
-                )
-        return outcomes
+    )
+
+
+def _failures(span: Span, outcomes: Outcomes, count: int) -> None:
+    """Messages that failed among *outcomes* (of *count*): each recorded on *span*,
+    whose status is then ERROR."""
+    if not span.is_recording():
+        return
+    failed = [error for error in outcomes.values() if error is not None]
+    if failed:
+        for error in failed[:MAX_LINKS]:
+            span.record_exception(error)
+        span.set_status(
+            Status(StatusCode.ERROR, f"{len(failed)} of {count} message(s) failed: {failed[0]}")
+        )
 
 
 def receiving(source: Source, arrivals: Sequence[Arrival]) -> AbstractContextManager[Any]:

@@ -92,6 +92,22 @@ Outcomes = dict[Any, Outcome]
 FAILURES = (Retry, Fail, Uncertain)
 
 
+class _Waiting(dict[Any, Outcome]):
+    """The type of ``WAITING``: outcomes of no row, told apart by identity."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "WAITING"
+
+
+#: Yielded by a step that has handed its started rows over and now waits for the
+#: answers (a broker's publisher confirms): the engine may run the next batch
+#: meanwhile, and resumes the step afterwards. It names no row; a runner that does not
+#: overlap batches simply goes on.
+WAITING: Outcomes = _Waiting()
+
+
 def describe(exc: BaseException) -> str:
     """``"ValueError: text"``, or the class name alone when the exception has no text."""
     text = str(exc)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from django.db import DatabaseError, connections, models, transaction
 from django.utils import timezone
@@ -46,7 +46,7 @@ from django_outbox.engine.lease import (
     pipelined,
     with_ids,
 )
-from django_outbox.engine.outcomes import DONE, Outcomes
+from django_outbox.engine.outcomes import DONE, WAITING, Outcomes
 from django_outbox.engine.part import Part
 from django_outbox.engine.retry import retry_transient
 from django_outbox.engine.transitions import Transition
@@ -202,6 +202,34 @@ class LeaseAttempt:
         """The step is between rows (recording, waiting): nothing of it is running."""
         self.held.end_step()
 
+    def hand_over(self) -> bool:
+        """The step has handed its started rows over and waits for their outcomes while
+        the runner starts another batch, whose declaration will take this batch's place
+        on the worker's row (it names one window of starts). So first mark these rows
+        themselves as started (``attempt_open``, fenced by the lease; every record and
+        rescue clears it): if the worker dies now, the rescue still counts their
+        attempt. False if the mark could not be written: then the step is not paused."""
+        ids = list(self.open_ids.ids)
+        if not ids or self.lease.worker is None:
+            # Nothing started, or nothing declared at all (no heartbeat: a rescue counts
+            # every row of such a claim as started).
+            return True
+        part = self.runner.part
+        try:
+            with_ids(fenced(part.model, self.lease, self.runner.running, part.using), ids).update(
+                attempt_open=True
+            )
+        except DatabaseError:
+            self.runner.logger.warning(
+                "could not mark %d %s row(s) as started; waiting for their outcomes "
+                "before the next batch",
+                len(ids),
+                part.name,
+                exc_info=True,
+            )
+            return False
+        return True
+
 
 class Runner:
     """Runs a part's batches. Cheap to build; reuse it in loops."""
@@ -310,6 +338,20 @@ class Runner:
         return rows, lease
 
     def _run(self, rows: list[Any], lease: Lease, held: heartbeat.Held | None = None) -> RunResult:
+        return _finish(self._stages(rows, lease, held, overlap=False))
+
+    def _stages(
+        self,
+        rows: list[Any],
+        lease: Lease,
+        held: heartbeat.Held | None = None,
+        *,
+        overlap: bool,
+    ) -> Generator[None, None, RunResult]:
+        """Run the step over *rows* and record its outcomes; the result is the
+        generator's return value. With *overlap*, it pauses (yields) once, where the
+        step first says ``WAITING`` and its started rows are marked so a crash counts
+        them (``LeaseAttempt.hand_over``): the caller runs the next batch meanwhile."""
         result = self.result_class(claimed=len(rows), batches=1 if rows else 0)
         if not rows:
             return result
@@ -319,6 +361,11 @@ class Runner:
         steps = self.part.process(rows, attempt)
         try:
             for outcomes in steps:
+                if outcomes is WAITING:
+                    if overlap and attempt.hand_over():
+                        overlap = False  # once a batch
+                        yield
+                    continue
                 attempt.idle()
                 group = [attempt.pending.pop(pk) for pk in list(outcomes) if pk in attempt.pending]
                 if group:
@@ -523,10 +570,11 @@ class Runner:
 
     def _drain_prefetching(self, deadline: float, max_batches: int | None) -> RunResult:
         Claimed = tuple[list[Any], Lease, heartbeat.Held]
-        batches: queue.Queue[Claimed | BaseException | None] = queue.Queue(maxsize=1)
+        batches: queue.Queue[Claimed | BaseException | object | None] = queue.Queue(maxsize=1)
         stop = threading.Event()
         settled = threading.Condition()
         in_flight = 0  # batches claimed and not yet recorded
+        depth = 1  # batches in flight before the next claim: 2 once batches wait (WAITING)
 
         def claimer() -> None:
             nonlocal in_flight
@@ -540,7 +588,7 @@ class Runner:
                         # hands a waiting batch back if that step runs long). After a
                         # short claim, wait until nothing is in flight (rows of a key
                         # may be waiting behind it), then claim again.
-                        limit = 0 if wait_for_settle else 1
+                        limit = 0 if wait_for_settle else depth
                         settled.wait_for(lambda: in_flight <= limit or stop.is_set())  # noqa: B023
                         idle = in_flight == 0
                     if stop.is_set() or self.part.stopping.is_set():
@@ -556,6 +604,8 @@ class Runner:
                     if (short and idle) or time.monotonic() >= deadline:
                         break  # as the sequential drain: a short batch with nothing ahead
                     wait_for_settle = short
+                    if short:
+                        batches.put(_SETTLE)
             except BaseException as exc:  # re-raised in the processing thread
                 batches.put(exc)
             finally:
@@ -565,15 +615,63 @@ class Runner:
         thread = threading.Thread(target=claimer, name="django-outbox-claimer", daemon=True)
         thread.start()
         total = self.result_class()
+        # A batch whose step waits for answers (WAITING) and is resumed after the next
+        # batch was handed over: its outcomes are recorded one batch late.
+        waiting: Generator[None, None, RunResult] | None = None
+
+        def settle_one() -> None:
+            nonlocal in_flight
+            with settled:
+                in_flight -= 1
+                settled.notify_all()
+
+        def record_waiting(then: Generator[None, None, RunResult] | None) -> RunResult:
+            """Resume the batch that waits (if any) to its end, *then* waiting instead."""
+            nonlocal waiting
+            earlier, waiting = waiting, then
+            if earlier is None:
+                return self.result_class()
+            try:
+                return _finish(earlier)
+            finally:
+                settle_one()
+
         try:
             while (item := batches.get()) is not None:
+                if item is _SETTLE:
+                    # The claimer waits until nothing is in flight: a waiting batch
+                    # is recorded now, not after a next batch that will not come.
+                    total += record_waiting(None)
+                    continue
                 if isinstance(item, BaseException):
                     raise item
-                total += self._run(*item)
-                with settled:
-                    in_flight -= 1
-                    settled.notify_all()
+                rows, lease, held = cast(Claimed, item)
+                stages = self._stages(rows, lease, held, overlap=True)
+                paused = _advance(stages)
+                if paused is None:
+                    with settled:
+                        depth = 2  # one batch waits, one runs: the claimer takes the next
+                        settled.notify_all()
+                    # This batch waits from now on (if recording the earlier one fails,
+                    # the cleanup below still records this one: it was handed over).
+                    total += record_waiting(stages)
+                else:
+                    total += record_waiting(None)
+                    total += paused
+                    settle_one()
+            total += record_waiting(None)
         finally:
+            if waiting is not None:
+                # The drain failed with a batch handed over and waiting for its
+                # answers: record what came back, not give the batch back unattempted.
+                try:
+                    total += record_waiting(None)
+                except Exception:
+                    self.logger.warning(
+                        "recording a %s batch that waited for its answers failed",
+                        self.part.name,
+                        exc_info=True,
+                    )
             stop.set()
             with settled:
                 settled.notify_all()
@@ -608,6 +706,28 @@ class Runner:
             return total
         total += self.drain()
         return total
+
+
+#: Put by the claimer of a prefetching drain when it waits until no batch is in flight.
+_SETTLE = object()
+
+
+def _advance(stages: Generator[None, None, RunResult]) -> RunResult | None:
+    """Run *stages* (``Runner._stages``) to its pause (``None``) or its end (its result)."""
+    try:
+        next(stages)
+    except StopIteration as end:
+        result: RunResult = end.value
+        return result
+    return None
+
+
+def _finish(stages: Generator[None, None, RunResult]) -> RunResult:
+    """Run *stages* to its end: its result."""
+    while True:
+        result = _advance(stages)
+        if result is not None:
+            return result
 
 
 def _one_start(part: Part, rows: Sequence[Any]) -> datetime | None:

@@ -13,14 +13,22 @@ from __future__ import annotations
 import itertools
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django_outbox import signals, tracing
 from django_outbox.engine import clock, faults, ordering, triggers
-from django_outbox.engine.outcomes import Defer, Outcome, Outcomes, Retry, Uncertain, from_error
+from django_outbox.engine.outcomes import (
+    WAITING,
+    Defer,
+    Outcome,
+    Outcomes,
+    Retry,
+    Uncertain,
+    from_error,
+)
 from django_outbox.engine.part import Attempt, KeyOrdering, Lifecycle, Part, register
 from django_outbox.engine.runner import Runner, RunResult
 from django_outbox.engine.sweeps import RescueResult
@@ -144,6 +152,9 @@ class Publishing(Part):
             probe = _probe(messages, circuits.probes(destination))
             rest = [m for m in messages if m is not probe]
             chunks = itertools.chain([[probe]], _chunks(rest, size))
+        # RabbitMQ with confirms: hand the chunk over, let the engine run the next batch,
+        # then wait for the confirms.
+        overlap = transport.overlaps
         try:
             failed_keys: set[str] = set()
             for chunk in chunks:
@@ -157,7 +168,12 @@ class Publishing(Part):
                 if not chunk:
                     continue
                 faults.point("outbox.before_publish")
-                published = self._publish(transport, destination, chunk, attempt.deadline)
+                if overlap:
+                    collect = self._hand_over(transport, destination, chunk, attempt.deadline)
+                    yield WAITING
+                    published = collect()
+                else:
+                    published = self._publish(transport, destination, chunk, attempt.deadline)
                 signals.emit(
                     signals.outbox_batch_published,
                     Relay,
@@ -198,15 +214,47 @@ class Publishing(Part):
         messages: Sequence[OutboxMessage],
         deadline: float,
     ) -> dict[Any, Any]:
-        ids = [m.message_id for m in messages]
         envelopes = [Envelope.from_message(m) for m in messages]
         try:
             # In a "publish" span when tracing is on (django_outbox.tracing).
             return tracing.publish(transport, envelopes, deadline)
         except Exception as exc:  # a transport bug must not leave rows stuck in sending
-            self.logger.exception("transport for %r raised", destination)
-            # Some of the batch may have gone out before it raised.
-            return dict.fromkeys(ids, UncertainError(f"{type(exc).__name__}: {exc}"))
+            return self._raised(destination, messages, exc)
+
+    def _hand_over(
+        self,
+        transport: Transport,
+        destination: str,
+        messages: Sequence[OutboxMessage],
+        deadline: float,
+    ) -> Callable[[], dict[Any, Any]]:
+        """Hand *messages* over to an overlapping transport; what waits for and returns
+        their outcomes."""
+        envelopes = [Envelope.from_message(m) for m in messages]
+        try:
+            # In a "publish" span when tracing is on, ended by collect().
+            collected = tracing.hand_over(transport, envelopes, deadline)
+        except Exception as exc:
+            failed = self._raised(destination, messages, exc)
+            return lambda: failed
+
+        def collect() -> dict[Any, Any]:
+            try:
+                return collected()
+            except Exception as exc:
+                return self._raised(destination, messages, exc)
+
+        return collect
+
+    def _raised(
+        self, destination: str, messages: Sequence[OutboxMessage], exc: Exception
+    ) -> dict[Any, Any]:
+        """The outcomes of a publish whose transport raised *exc*: some of the batch may
+        have gone out before it raised, so every message is uncertain."""
+        self.logger.error("transport for %r raised", destination, exc_info=exc)
+        return dict.fromkeys(
+            (m.message_id for m in messages), UncertainError(f"{type(exc).__name__}: {exc}")
+        )
 
     def claim_variant(self) -> Any:
         """The destinations whose circuit is open in this process (their rows are left

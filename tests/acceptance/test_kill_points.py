@@ -45,13 +45,13 @@ TIMINGS = {
 }
 
 
-def killed_at(point: str, tmp_path: Path, *command: str) -> str:
-    """Run ``manage.py *command`` armed at *point*; return its output once it has died
-    there, by its own SIGKILL."""
+def killed_at(point: str, tmp_path: Path, *command: str, nth: int = 1) -> str:
+    """Run ``manage.py *command`` armed at *point* (the *nth* time it is reached); return
+    its output once it has died there, by its own SIGKILL."""
     assert point in faults.POINTS
     marker = tmp_path / f"killed-{uuid.uuid4().hex[:6]}"
     process = start_command(
-        *command, DJANGO_OUTBOX_KILL_AT=point, DJANGO_OUTBOX_KILL_MARKER=str(marker)
+        *command, DJANGO_OUTBOX_KILL_AT=f"{point}@{nth}", DJANGO_OUTBOX_KILL_MARKER=str(marker)
     )
     try:
         process.wait(timeout=60)
@@ -61,7 +61,7 @@ def killed_at(point: str, tmp_path: Path, *command: str) -> str:
         ) from None
     output = finish(process)
     assert process.returncode == -signal.SIGKILL, output
-    assert marker.read_text().startswith(f"{point}@1 "), output
+    assert marker.read_text().startswith(f"{point}@{nth} "), output
     return output
 
 
@@ -206,6 +206,65 @@ def test_relay_killed_between_two_records_of_a_batch(
     assert {(r.state, r.attempts, r.last_error) for r in rows} == {(OutboxState.SENT, 1, "")}
     for name, queue in queues.items():
         assert kombu_ids_in_redis(redis_url, queue) == ids[name]  # each exactly once
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("policy", ["resend", "hold"])
+def test_relay_killed_with_two_batches_handed_to_rabbitmq(
+    configure_outbox, amqp_url, queue_name, tmp_path, policy
+):
+    """With RabbitMQ's confirms the relay hands batch N+1 over before it records batch
+    N, so two batches are started and unrecorded at once, and the worker's row names
+    only N+1's starts. Killed just before recording N, both batches' attempts must
+    still count: N's rows were marked started when N began to wait. All four messages
+    are uncertain (resent or held per the policy), the two behind them (claimed or not,
+    never started) are sent once with their attempt uncounted, and none is lost."""
+    from tests.integration.test_kombu_transport import drain_queue
+
+    configure_outbox(
+        DESTINATIONS={
+            "default": {
+                "TRANSPORT": "kombu",
+                "URL": amqp_url,
+                "QUEUE": queue_name,
+                "UNCERTAIN": policy,
+            }
+        },
+        **TIMINGS,
+    )
+    ids = [str(django_outbox.send("order.created", {"n": n}).message_id) for n in range(8)]
+
+    # Batch 1 is recorded (the first record), batches 2 and 3 are handed over, and the
+    # relay dies recording batch 2 (the second).
+    killed_at("outbox.before_record", tmp_path, *RELAY, "--batch", "2", nth=2)
+
+    rows = {str(r.message_id): r for r in OutboxMessage.objects.all()}
+    assert {(rows[i].state, rows[i].attempts) for i in ids[:2]} == {(OutboxState.SENT, 1)}
+    handed = ids[2:6]
+    assert {(rows[i].state, rows[i].attempt_open) for i in handed} == {(OutboxState.SENDING, True)}
+    at_broker = [m.headers["outbox-message-id"] for m in drain_queue(amqp_url, queue_name)]
+    assert ids[:4] == at_broker[:4]  # batch 2's confirms had come in
+    assert set(at_broker) <= set(ids[:6])
+    # The claimer may have taken the last batch too (never started: not marked).
+    behind = {(rows[i].state, rows[i].attempt_open, rows[i].attempts) for i in ids[6:]}
+    assert behind <= {(OutboxState.SENDING, False, 0), (OutboxState.SHOULD_BE_SENT, False, 0)}
+    given_back = sum(rows[i].state == OutboxState.SENDING for i in ids[6:])
+
+    counts = sweep_outbox(now=after_the_lease(), time_budget=5)
+    rows = {str(r.message_id): r for r in OutboxMessage.objects.all()}
+    if policy == "resend":
+        assert (counts["resent"], counts["held"], counts["sent"]) == (4 + given_back, 0, 6)
+        assert {(rows[i].state, rows[i].attempts) for i in handed} == {(OutboxState.SENT, 2)}
+    else:
+        assert (counts["resent"], counts["held"], counts["sent"]) == (given_back, 4, 2)
+        assert {(rows[i].state, rows[i].uncertain) for i in handed} == {
+            (OutboxState.SEND_ERROR, True)
+        }
+    # Claimed behind them, never started: sent once, their attempt their first.
+    assert {(rows[i].state, rows[i].attempts) for i in ids[6:]} == {(OutboxState.SENT, 1)}
+    again = [m.headers["outbox-message-id"] for m in drain_queue(amqp_url, queue_name)]
+    expected = handed + ids[6:] if policy == "resend" else ids[6:]
+    assert sorted(again) == sorted(expected)
 
 
 # -- inbox ---------------------------------------------------------------------------------

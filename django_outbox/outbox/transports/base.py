@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 from uuid import UUID
 
 from django.core import checks
@@ -42,6 +42,11 @@ class Transport:
     #: before the next (``None``: the whole batch in one call). Slow transports
     #: (HTTP) set it so a relay killed mid-batch leaves little unrecorded.
     chunk_size: int | None = None
+
+    #: Whether :meth:`hand_over` sends a batch without waiting for the destination's
+    #: answers, which :meth:`collect` then waits for (RabbitMQ's publisher confirms).
+    #: The relay then hands its next batch over before it records this one.
+    overlaps: bool = False
 
     def __init__(self, destination: Destination) -> None:
         self.destination = destination
@@ -134,6 +139,17 @@ class Transport:
                 continue
             if envelope.key is not None:
                 failed_keys.add(envelope.key)
+        return outcomes
+
+    def hand_over(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Any:
+        """Send *envelopes* and return what :meth:`collect` needs for their outcomes,
+        without waiting for answers where the transport ``overlaps``. By default the
+        whole ``publish``."""
+        return self.publish(envelopes, deadline)
+
+    def collect(self, handed: Any) -> Outcomes:
+        """The outcomes of what :meth:`hand_over` returned *handed* for, once known."""
+        outcomes: Outcomes = handed
         return outcomes
 
     def publish_one(self, envelope: Envelope) -> None:

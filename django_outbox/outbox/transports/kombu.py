@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring as quote
 from typing import Any
 from uuid import UUID
@@ -31,6 +32,7 @@ from kombu.utils.url import maybe_sanitize_url
 from django_outbox.conf import Destination
 from django_outbox.exceptions import (
     ConnectionLostError,
+    DeliveryError,
     PermanentError,
     RetryableError,
     UncertainError,
@@ -110,6 +112,8 @@ class KombuTransport(Transport):
         else:
             publisher = _ProducerPublisher(self.options)
         self._publisher = publisher
+        #: RabbitMQ with confirms: the relay hands the next batch over before it waits.
+        self.overlaps = isinstance(publisher, _AmqpPublisher) and publisher.confirm
 
     @classmethod
     def check(cls, destination: Destination) -> list[checks.CheckMessage]:
@@ -184,6 +188,19 @@ class KombuTransport(Transport):
         # One pipelined batch: it either completes within TIMEOUT or fails.
         return self._publisher.publish(envelopes)
 
+    def hand_over(self, envelopes: Sequence[Envelope], deadline: float | None = None) -> Any:
+        publisher = self._publisher
+        if isinstance(publisher, _AmqpPublisher):
+            return publisher.hand_over(envelopes)
+        return publisher.publish(envelopes)
+
+    def collect(self, handed: Any) -> Outcomes:
+        if isinstance(handed, _Handed):
+            assert isinstance(self._publisher, _AmqpPublisher)
+            return self._publisher.collect(handed)
+        outcomes: Outcomes = handed
+        return outcomes
+
     def close(self) -> None:
         self._publisher.close()
 
@@ -244,8 +261,19 @@ class _Publisher:
         pass
 
 
+@dataclass(eq=False)
+class _Handed:
+    """Messages handed to RabbitMQ by one ``hand_over``: their outcomes as the
+    confirms come in, and the delivery tag of the last one (0: none is unconfirmed)."""
+
+    envelopes: Sequence[Envelope]
+    outcomes: Outcomes = field(default_factory=dict)
+    last_tag: int = 0
+
+
 class _AmqpPublisher(_Publisher):
-    """Batched publish with one wait for all publisher confirms."""
+    """Batched publish with one wait for all publisher confirms; the wait may come
+    after the next batch was handed over (``hand_over``, then ``collect``)."""
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
@@ -253,8 +281,8 @@ class _AmqpPublisher(_Publisher):
         self._connection: kombu.Connection | None = None
         self._producer: kombu.Producer | None = None
         self._next_tag = 1
-        self._pending: dict[int, UUID] = {}
-        self._outcomes: Outcomes = {}
+        #: Unconfirmed messages by delivery tag (increasing), of every batch handed over.
+        self._pending: dict[int, tuple[UUID, _Handed]] = {}
         self._returned: dict[str, str] = {}
 
     def _connect(self) -> kombu.Producer:
@@ -290,10 +318,11 @@ class _AmqpPublisher(_Publisher):
         # multiple ack's walk stops at the first one beyond *tag* (not the whole batch).
         tags = list(itertools.takewhile(tag.__ge__, self._pending)) if multiple else [tag]
         for settled in tags:
-            message_id = self._pending.pop(settled, None)
-            if message_id is not None:
+            entry = self._pending.pop(settled, None)
+            if entry is not None:
+                message_id, handed = entry
                 returned = self._returned.pop(str(message_id), None)
-                self._outcomes[message_id] = RetryableError(returned) if returned else error
+                handed.outcomes[message_id] = RetryableError(returned) if returned else error
 
     def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
         message_id = (getattr(message, "properties", None) or {}).get("message_id")
@@ -310,7 +339,11 @@ class _AmqpPublisher(_Publisher):
         self._settle(delivery_tag, multiple, RetryableError("RabbitMQ nacked the message"))
 
     def publish(self, envelopes: Sequence[Envelope]) -> Outcomes:
-        """Publish the batch, then wait once for the confirms.
+        """Publish the batch, then wait once for the confirms (see ``hand_over``)."""
+        return self.collect(self.hand_over(envelopes))
+
+    def hand_over(self, envelopes: Sequence[Envelope]) -> _Handed:
+        """Publish the batch; ``collect`` waits for its confirms.
 
         At most one message per key is unconfirmed at a time: before the next
         message of a key goes out, the confirms in flight are awaited, and if
@@ -318,10 +351,8 @@ class _AmqpPublisher(_Publisher):
         unattempted. So a key is never reordered by a failure, while a batch
         of distinct keys still costs one confirm wait.
         """
-        self._pending = {}
-        self._outcomes = {}
-        self._returned = {}
-        handed_over: set[UUID] = set()
+        handed = _Handed(envelopes)
+        sent: set[UUID] = set()
         in_flight: dict[str, UUID] = {}  # key -> its unconfirmed message
         connecting = True
         try:
@@ -330,54 +361,84 @@ class _AmqpPublisher(_Publisher):
             for envelope in envelopes:
                 key = envelope.key
                 if self.confirm and key is not None and key in in_flight:
-                    self._await_confirms()
+                    self._await_confirms(self._next_tag - 1)
                     in_flight.clear()
-                if key is not None and self._key_failed(key, envelopes):
+                if key is not None and self._key_failed(key, handed):
                     continue
                 producer.publish(
                     envelope.body(), mandatory=self.confirm, **self.publish_arguments(envelope)
                 )
-                handed_over.add(envelope.message_id)
+                sent.add(envelope.message_id)
                 if self.confirm:
-                    self._pending[self._next_tag] = envelope.message_id
+                    handed.last_tag = self._next_tag
+                    self._pending[self._next_tag] = (envelope.message_id, handed)
                     self._next_tag += 1
                     if key is not None:
                         in_flight[key] = envelope.message_id
                 else:
-                    self._outcomes[envelope.message_id] = None
-            self._await_confirms()
+                    handed.outcomes[envelope.message_id] = None
         except Exception as exc:
-            logger.warning("AMQP publish to %s failed: %s", self.safe_url, exc)
-            self.close(broken=True)
-            error = _error(exc)
-            unknown = UncertainError(f"no publisher confirm before the failure: {error}")
-            if _connection_level(exc) or (connecting and isinstance(exc, TimeoutError)):
-                # The broker is away: the destination's circuit opens. What was not
-                # handed over certainly did not arrive.
-                error = UnreachableError(_text(exc))
-                unknown = ConnectionLostError(f"no publisher confirm before the failure: {error}")
+            self._failed(exc, connecting=connecting)
+            error, unknown = self._errors(exc, connecting)
             for envelope in envelopes:
                 # Confirmed before the failure: those did reach the broker.
                 # Handed over but unconfirmed: they may have.
-                lost = unknown if envelope.message_id in handed_over else error
-                self._outcomes.setdefault(envelope.message_id, lost)
-        return self._outcomes
+                lost = unknown if envelope.message_id in sent else error
+                handed.outcomes.setdefault(envelope.message_id, lost)
+        return handed
 
-    def _key_failed(self, key: str, envelopes: Sequence[Envelope]) -> bool:
+    def collect(self, handed: _Handed) -> Outcomes:
+        """Wait for the confirms of what *handed* published; its outcomes. A message
+        the batch left unattempted (behind a failed one of its key) has none."""
+        try:
+            self._await_confirms(handed.last_tag)
+        except Exception as exc:
+            self._failed(exc, connecting=False)
+        return handed.outcomes
+
+    def _failed(self, exc: Exception, *, connecting: bool) -> None:
+        """The connection failed: close it, and every message handed over and not
+        confirmed, in any batch still waiting, may or may not have arrived."""
+        logger.warning("AMQP publish to %s failed: %s", self.safe_url, exc)
+        self.close(broken=True)
+        _, unknown = self._errors(exc, connecting)
+        pending, self._pending = self._pending, {}
+        for message_id, handed in pending.values():
+            handed.outcomes[message_id] = unknown
+        self._returned.clear()
+
+    @staticmethod
+    def _errors(exc: Exception, connecting: bool) -> tuple[DeliveryError, DeliveryError]:
+        """What *exc* means for a message not handed over, and for one handed over and
+        not confirmed."""
+        error: DeliveryError = _error(exc)
+        unknown: DeliveryError = UncertainError(f"no publisher confirm before the failure: {error}")
+        if _connection_level(exc) or (connecting and isinstance(exc, TimeoutError)):
+            # The broker is away: the destination's circuit opens. What was not
+            # handed over certainly did not arrive.
+            error = UnreachableError(_text(exc))
+            unknown = ConnectionLostError(f"no publisher confirm before the failure: {error}")
+        return error, unknown
+
+    def _key_failed(self, key: str, handed: _Handed) -> bool:
         """Whether an earlier message of *key* in this batch was nacked or returned."""
+        outcomes = handed.outcomes
         return any(
-            e.key == key and self._outcomes.get(e.message_id) is not None
-            for e in envelopes
-            if e.message_id in self._outcomes
+            e.key == key and outcomes.get(e.message_id) is not None
+            for e in handed.envelopes
+            if e.message_id in outcomes
         )
 
-    def _await_confirms(self) -> None:
+    def _await_confirms(self, last_tag: int) -> None:
+        """Wait until every message up to delivery tag *last_tag* is confirmed."""
         deadline = time.monotonic() + self.timeout
-        assert self._connection is not None
-        while self._pending:
+        pending = self._pending
+        while pending and next(iter(pending)) <= last_tag:
+            assert self._connection is not None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"{len(self._pending)} publisher confirms not received in time")
+                waiting = sum(1 for tag in pending if tag <= last_tag)
+                raise TimeoutError(f"{waiting} publisher confirms not received in time")
             try:
                 self._connection.drain_events(timeout=remaining)
             except TimeoutError:

@@ -1,0 +1,103 @@
+"""The relay overlaps RabbitMQ's publisher confirms with its next batch: batch N+1 is
+handed over before the relay waits for batch N's confirms and records its outcomes.
+While N waits, its started rows are marked started in the database
+(``attempt_open``): N+1's declaration takes N's place on the worker's row, and a crash
+must still count N's attempts (the kill-point test proves that with a real SIGKILL)."""
+
+import pytest
+
+import django_outbox
+from django_outbox.engine import heartbeat
+from django_outbox.engine.runner import Runner
+from django_outbox.models import OutboxMessage, OutboxState
+from django_outbox.outbox.relay import Relay
+from django_outbox.outbox.transports.kombu import KombuTransport
+from tests.integration.test_kombu_transport import drain_queue
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.rabbitmq,
+    pytest.mark.row_locks,
+]
+
+
+@pytest.fixture
+def rabbit(configure_outbox, amqp_url, queue_name):
+    configure_outbox(
+        DESTINATIONS={"default": {"TRANSPORT": "kombu", "URL": amqp_url, "QUEUE": queue_name}}
+    )
+    return amqp_url, queue_name
+
+
+@pytest.fixture
+def journal(monkeypatch):
+    """What the relay did, in order: ("hand over", ids, the unrecorded batches' rows as
+    the database had them then) and ("record", ids)."""
+    events = []
+    handed = []
+    hand_over, record = KombuTransport.hand_over, Runner.record
+
+    def spy_hand_over(self, envelopes, deadline=None):
+        recorded = {i for event in events if event[0] == "record" for i in event[1]}
+        waiting = [i for batch in handed for i in batch if i not in recorded]
+        rows = OutboxMessage.objects.filter(message_id__in=waiting)
+        seen = {r.message_id: (r.state, r.attempt_open) for r in rows}
+        ids = [e.message_id for e in envelopes]
+        handed.append(ids)
+        events.append(("hand over", ids, seen))
+        return hand_over(self, envelopes, deadline)
+
+    def spy_record(self, rows, outcomes, lease):
+        events.append(("record", [row.message_id for row in rows]))
+        return record(self, rows, outcomes, lease)
+
+    monkeypatch.setattr(KombuTransport, "hand_over", spy_hand_over)
+    monkeypatch.setattr(Runner, "record", spy_record)
+    return events
+
+
+def test_the_next_batch_goes_out_before_this_one_is_recorded(rabbit, journal):
+    url, queue = rabbit
+    sent = [django_outbox.send("t", {"n": n}).message_id for n in range(60)]
+    heartbeat.start("relay")  # a worker declares its starts, as outbox_relay does
+
+    assert Relay(batch_size=10).drain().sent == 60
+
+    received = drain_queue(url, queue)
+    assert sorted(m.headers["outbox-message-id"] for m in received) == sorted(map(str, sent))
+    rows = OutboxMessage.objects.all()
+    assert {(r.state, r.attempts, r.attempt_open) for r in rows} == {(OutboxState.SENT, 1, False)}
+    overlapped = [event for event in journal if event[0] == "hand over" and event[2]]
+    assert overlapped, journal  # some batch was handed over while an earlier one waited
+    for _, ids, waiting in overlapped:
+        # The batch that waits for its confirms is marked started, still held.
+        assert set(waiting.values()) == {(OutboxState.SENDING, True)}, waiting
+        assert not set(ids) & set(waiting)
+
+
+def test_batches_are_recorded_in_the_order_they_were_handed_over(rabbit, journal):
+    for n in range(40):
+        django_outbox.send("t", {"n": n})
+    heartbeat.start("relay")
+
+    assert Relay(batch_size=10).drain().sent == 40
+
+    handed = [event[1] for event in journal if event[0] == "hand over"]
+    recorded = [event[1] for event in journal if event[0] == "record"]
+    assert recorded == handed
+
+
+def test_a_keyed_message_never_goes_out_while_an_earlier_one_of_its_key_waits(rabbit, journal):
+    url, queue = rabbit
+    sent = [django_outbox.send("t", {"n": n}, key=f"k{n % 3}") for n in range(60)]
+    heartbeat.start("relay")
+
+    assert Relay(batch_size=10).drain().sent == 60
+
+    for _, ids, waiting in (event for event in journal if event[0] == "hand over"):
+        keys_waiting = {m.key for m in sent if m.message_id in waiting}
+        assert not keys_waiting & {m.key for m in sent if m.message_id in ids}
+    received = [m.headers["outbox-message-id"] for m in drain_queue(url, queue)]
+    for key in ("k0", "k1", "k2"):
+        in_key = [str(m.message_id) for m in sent if m.key == key]
+        assert [i for i in received if i in in_key] == in_key
