@@ -649,9 +649,10 @@ class Runner:
                 stages = self._stages(rows, lease, held, overlap=True)
                 paused = _advance(stages)
                 if paused is None:
-                    with settled:
-                        depth = 2  # one batch waits, one runs: the claimer takes the next
-                        settled.notify_all()
+                    if depth == 1:
+                        with settled:
+                            depth = 2  # one batch waits, one runs: the claimer takes the next
+                            settled.notify_all()
                     # This batch waits from now on (if recording the earlier one fails,
                     # the cleanup below still records this one: it was handed over).
                     total += record_waiting(stages)

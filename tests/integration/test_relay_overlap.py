@@ -101,3 +101,71 @@ def test_a_keyed_message_never_goes_out_while_an_earlier_one_of_its_key_waits(ra
     for key in ("k0", "k1", "k2"):
         in_key = [str(m.message_id) for m in sent if m.key == key]
         assert [i for i in received if i in in_key] == in_key
+
+
+def test_answers_lost_with_two_batches_in_flight_leave_nothing_stuck_or_lost(
+    configure_outbox, amqp_url, queue_name, monkeypatch
+):
+    """RabbitMQ's confirms stop arriving (a TCP proxy swallows them) just as a third
+    batch is handed over while the second waits: every message handed over without a
+    confirm is uncertain and held, the rest are sent or wait uncounted, no row stays
+    `sending` or marked, and once the broker answers again everything goes out."""
+    from django_outbox.outbox.circuits import circuits
+    from tests import services
+    from tests.proxy import TcpProxy
+
+    proxy = TcpProxy(services.SERVICES["rabbitmq"])
+    proxy.up()
+    try:
+        configure_outbox(
+            DESTINATIONS={
+                "default": {
+                    "TRANSPORT": "kombu",
+                    "URL": f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+                    "QUEUE": queue_name,
+                    "UNCERTAIN": "hold",
+                    "TIMEOUT": 1.0,
+                }
+            }
+        )
+        sent = [django_outbox.send("t", {"n": n}).message_id for n in range(60)]
+        hand_over = KombuTransport.hand_over
+        calls = []
+
+        def cut_on_the_third(self, envelopes, deadline=None):
+            calls.append([e.message_id for e in envelopes])
+            if len(calls) == 3:
+                proxy.mode = "swallow_replies"
+            return hand_over(self, envelopes, deadline)
+
+        monkeypatch.setattr(KombuTransport, "hand_over", cut_on_the_third)
+        heartbeat.start("relay")
+
+        Relay(batch_size=10).drain()
+
+        rows = {r.message_id: r for r in OutboxMessage.objects.all()}
+        assert not [r for r in rows.values() if r.state == OutboxState.SENDING]
+        assert not [r for r in rows.values() if r.attempt_open]
+        held = {i for i, r in rows.items() if r.state == OutboxState.SEND_ERROR}
+        assert all(rows[i].uncertain for i in held)
+        assert set(calls[2]) <= held  # handed over, never confirmed
+        # Only what was in flight: the batch waiting when the answers stopped, or the
+        # one handed over while the cut batch waited (the timeout fails both).
+        spans = [k for k, ids in enumerate(calls) if set(ids) & held]
+        assert spans in ([1, 2], [2], [2, 3]), spans
+        waiting = {i for i, r in rows.items() if r.state == OutboxState.SHOULD_BE_SENT}
+        assert all(rows[i].attempts == 0 for i in waiting)
+
+        # The broker answers again: what waited goes out, the held stay held.
+        proxy.mode = "forward"
+        circuits.reset()
+        monkeypatch.setattr(KombuTransport, "hand_over", hand_over)
+        Relay(batch_size=10).drain()
+        states = dict(OutboxMessage.objects.values_list("message_id", "state"))
+        assert {states[i] for i in held} == {OutboxState.SEND_ERROR}
+        assert {states[i] for i in set(sent) - held} == {OutboxState.SENT}
+        at_broker = [m.headers["outbox-message-id"] for m in drain_queue(amqp_url, queue_name)]
+        # The swallowed answers were the broker's: the held messages did arrive, once.
+        assert sorted(at_broker) == sorted(map(str, sent))
+    finally:
+        proxy.down()

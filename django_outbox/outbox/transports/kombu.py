@@ -192,14 +192,13 @@ class KombuTransport(Transport):
         publisher = self._publisher
         if isinstance(publisher, _AmqpPublisher):
             return publisher.hand_over(envelopes)
-        return publisher.publish(envelopes)
+        return super().hand_over(envelopes, deadline)
 
     def collect(self, handed: Any) -> Outcomes:
-        if isinstance(handed, _Handed):
-            assert isinstance(self._publisher, _AmqpPublisher)
-            return self._publisher.collect(handed)
-        outcomes: Outcomes = handed
-        return outcomes
+        publisher = self._publisher
+        if isinstance(handed, _Handed) and isinstance(publisher, _AmqpPublisher):
+            return publisher.collect(handed)
+        return super().collect(handed)
 
     def close(self) -> None:
         self._publisher.close()
