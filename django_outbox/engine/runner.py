@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
@@ -241,6 +242,13 @@ class Runner:
     #: ``--no-prefetch``: with several worker processes on few cores shared with the
     #: database, the helper thread's extra concurrency costs more than the overlap saves.
     prefetch = True
+
+    #: How many batches a prefetching drain keeps handed over and waiting for their
+    #: answers (a step that says ``WAITING``: RabbitMQ's publisher confirms) while it
+    #: runs the next ones; 0 waits for each batch's answers before the next batch.
+    #: Each waiting batch's started rows are marked, so a crash counts them started:
+    #: up to this many batches more are uncertain after a crash.
+    waiting_batches = 2
 
     def __init__(self, part: Part) -> None:
         self.part = part
@@ -574,7 +582,10 @@ class Runner:
         stop = threading.Event()
         settled = threading.Condition()
         in_flight = 0  # batches claimed and not yet recorded
-        depth = 1  # batches in flight before the next claim: 2 once batches wait (WAITING)
+        # Batches in flight before the next claim: one running, one prefetched; once
+        # batches wait for their answers (WAITING), those waiting on top.
+        depth = 1
+        limit = self.waiting_batches
 
         def claimer() -> None:
             nonlocal in_flight
@@ -588,8 +599,13 @@ class Runner:
                         # hands a waiting batch back if that step runs long). After a
                         # short claim, wait until nothing is in flight (rows of a key
                         # may be waiting behind it), then claim again.
-                        limit = 0 if wait_for_settle else depth
-                        settled.wait_for(lambda: in_flight <= limit or stop.is_set())  # noqa: B023
+                        # (*depth* is read on each wake-up: it grows once batches wait.)
+                        settled.wait_for(
+                            lambda: (
+                                in_flight <= (0 if wait_for_settle else depth)  # noqa: B023
+                                or stop.is_set()
+                            )
+                        )
                         idle = in_flight == 0
                     if stop.is_set() or self.part.stopping.is_set():
                         break
@@ -615,9 +631,10 @@ class Runner:
         thread = threading.Thread(target=claimer, name="django-outbox-claimer", daemon=True)
         thread.start()
         total = self.result_class()
-        # A batch whose step waits for answers (WAITING) and is resumed after the next
-        # batch was handed over: its outcomes are recorded one batch late.
-        waiting: Generator[None, None, RunResult] | None = None
+        # Batches whose step waits for answers (WAITING), oldest first: each is resumed
+        # and recorded once more than *limit* wait, so outcomes are recorded in the
+        # order the batches were handed over, up to *limit* batches late.
+        waiting: deque[Generator[None, None, RunResult]] = deque()
 
         def settle_one() -> None:
             nonlocal in_flight
@@ -625,48 +642,49 @@ class Runner:
                 in_flight -= 1
                 settled.notify_all()
 
-        def record_waiting(then: Generator[None, None, RunResult] | None) -> RunResult:
-            """Resume the batch that waits (if any) to its end, *then* waiting instead."""
-            nonlocal waiting
-            earlier, waiting = waiting, then
-            if earlier is None:
-                return self.result_class()
-            try:
-                return _finish(earlier)
-            finally:
-                settle_one()
+        def record_waiting(keep: int = 0) -> None:
+            """Resume the oldest waiting batches to their end until *keep* are left."""
+            nonlocal total
+            while len(waiting) > keep:
+                try:
+                    total += _finish(waiting[0])
+                finally:
+                    waiting.popleft()
+                    settle_one()
 
         try:
             while (item := batches.get()) is not None:
                 if item is _SETTLE:
-                    # The claimer waits until nothing is in flight: a waiting batch
-                    # is recorded now, not after a next batch that will not come.
-                    total += record_waiting(None)
+                    # The claimer waits until nothing is in flight: waiting batches
+                    # are recorded now, not after next batches that will not come.
+                    record_waiting()
                     continue
                 if isinstance(item, BaseException):
                     raise item
                 rows, lease, held = cast(Claimed, item)
-                stages = self._stages(rows, lease, held, overlap=True)
+                stages = self._stages(rows, lease, held, overlap=limit > 0)
                 paused = _advance(stages)
                 if paused is None:
                     if depth == 1:
                         with settled:
-                            depth = 2  # one batch waits, one runs: the claimer takes the next
+                            depth = limit + 1  # batches wait, one runs: claim the next
                             settled.notify_all()
-                    # This batch waits from now on (if recording the earlier one fails,
+                    # This batch waits from now on (if recording an earlier one fails,
                     # the cleanup below still records this one: it was handed over).
-                    total += record_waiting(stages)
+                    waiting.append(stages)
+                    record_waiting(keep=limit)
                 else:
-                    total += record_waiting(None)
+                    record_waiting()
                     total += paused
                     settle_one()
-            total += record_waiting(None)
+            record_waiting()
         finally:
-            if waiting is not None:
-                # The drain failed with a batch handed over and waiting for its
-                # answers: record what came back, not give the batch back unattempted.
+            # The drain failed with batches handed over and waiting for their answers:
+            # record what came back, not give them back unattempted (each on its own:
+            # one failing to record leaves the others to try).
+            while waiting:
                 try:
-                    total += record_waiting(None)
+                    record_waiting(keep=len(waiting) - 1)
                 except Exception:
                     self.logger.warning(
                         "recording a %s batch that waited for its answers failed",

@@ -19,6 +19,7 @@ from kombu import Connection
 
 import django_outbox
 from django_outbox.engine import faults
+from django_outbox.engine.runner import Runner
 from django_outbox.jobs import batch
 from django_outbox.jobs.maintenance import sweep as sweep_jobs
 from django_outbox.jobs.models import Job, JobBatch, JobState
@@ -210,15 +211,17 @@ def test_relay_killed_between_two_records_of_a_batch(
 
 @pytest.mark.rabbitmq
 @pytest.mark.parametrize("policy", ["resend", "hold"])
-def test_relay_killed_with_two_batches_handed_to_rabbitmq(
+def test_relay_killed_with_batches_handed_to_rabbitmq_and_unrecorded(
     configure_outbox, amqp_url, queue_name, tmp_path, policy
 ):
-    """With RabbitMQ's confirms the relay hands batch N+1 over before it records batch
-    N, so two batches are started and unrecorded at once, and the worker's row names
-    only N+1's starts. Killed just before recording N, both batches' attempts must
-    still count: N's rows were marked started when N began to wait. All four messages
-    are uncertain (resent or held per the policy), the two behind them (claimed or not,
-    never started) are sent once with their attempt uncounted, and none is lost."""
+    """With RabbitMQ's confirms the relay hands the next batches over before it records
+    batch N (``Runner.waiting_batches`` of them, 2 by default), so several batches are
+    started and unrecorded at once, and the worker's row names only the last one's
+    starts. Killed just before recording N, every one of those batches' attempts must
+    still count: each batch's rows were marked started when it began to wait. All of
+    them are uncertain (resent or held per the policy), the two messages behind them
+    (claimed or not, never started) are sent once with their attempt uncounted, and
+    none is lost."""
     from tests.integration.test_kombu_transport import drain_queue
 
     configure_outbox(
@@ -232,38 +235,51 @@ def test_relay_killed_with_two_batches_handed_to_rabbitmq(
         },
         **TIMINGS,
     )
-    ids = [str(django_outbox.send("order.created", {"n": n}).message_id) for n in range(8)]
+    waiting = Runner.waiting_batches
+    assert waiting >= 1  # the default overlaps
+    count = 2 * (waiting + 3)
+    ids = [str(django_outbox.send("order.created", {"n": n}).message_id) for n in range(count)]
 
-    # Batch 1 is recorded (the first record), batches 2 and 3 are handed over, and the
-    # relay dies recording batch 2 (the second).
+    # Batch 1 is recorded (the first record), batches 2 to waiting + 2 are handed over,
+    # and the relay dies recording batch 2 (the second).
     killed_at("outbox.before_record", tmp_path, *RELAY, "--batch", "2", nth=2)
 
     rows = {str(r.message_id): r for r in OutboxMessage.objects.all()}
     assert {(rows[i].state, rows[i].attempts) for i in ids[:2]} == {(OutboxState.SENT, 1)}
-    handed = ids[2:6]
+    handed = ids[2 : 2 + 2 * (waiting + 1)]
+    behind = ids[len(handed) + 2 :]
+    assert len(behind) == 2
     assert {(rows[i].state, rows[i].attempt_open) for i in handed} == {(OutboxState.SENDING, True)}
     at_broker = [m.headers["outbox-message-id"] for m in drain_queue(amqp_url, queue_name)]
     assert ids[:4] == at_broker[:4]  # batch 2's confirms had come in
-    assert set(at_broker) <= set(ids[:6])
+    assert set(at_broker) <= set(ids[:2] + handed)
     # The claimer may have taken the last batch too (never started: not marked).
-    behind = {(rows[i].state, rows[i].attempt_open, rows[i].attempts) for i in ids[6:]}
-    assert behind <= {(OutboxState.SENDING, False, 0), (OutboxState.SHOULD_BE_SENT, False, 0)}
-    given_back = sum(rows[i].state == OutboxState.SENDING for i in ids[6:])
+    left = {(rows[i].state, rows[i].attempt_open, rows[i].attempts) for i in behind}
+    assert left <= {(OutboxState.SENDING, False, 0), (OutboxState.SHOULD_BE_SENT, False, 0)}
+    given_back = sum(rows[i].state == OutboxState.SENDING for i in behind)
 
     counts = sweep_outbox(now=after_the_lease(), time_budget=5)
     rows = {str(r.message_id): r for r in OutboxMessage.objects.all()}
     if policy == "resend":
-        assert (counts["resent"], counts["held"], counts["sent"]) == (4 + given_back, 0, 6)
+        assert (counts["resent"], counts["held"], counts["sent"]) == (
+            len(handed) + given_back,
+            0,
+            len(handed) + len(behind),
+        )
         assert {(rows[i].state, rows[i].attempts) for i in handed} == {(OutboxState.SENT, 2)}
     else:
-        assert (counts["resent"], counts["held"], counts["sent"]) == (given_back, 4, 2)
+        assert (counts["resent"], counts["held"], counts["sent"]) == (
+            given_back,
+            len(handed),
+            len(behind),
+        )
         assert {(rows[i].state, rows[i].uncertain) for i in handed} == {
             (OutboxState.SEND_ERROR, True)
         }
     # Claimed behind them, never started: sent once, their attempt their first.
-    assert {(rows[i].state, rows[i].attempts) for i in ids[6:]} == {(OutboxState.SENT, 1)}
+    assert {(rows[i].state, rows[i].attempts) for i in behind} == {(OutboxState.SENT, 1)}
     again = [m.headers["outbox-message-id"] for m in drain_queue(amqp_url, queue_name)]
-    expected = handed + ids[6:] if policy == "resend" else ids[6:]
+    expected = handed + behind if policy == "resend" else behind
     assert sorted(again) == sorted(expected)
 
 

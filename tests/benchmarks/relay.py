@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from datetime import date
 from typing import Any
@@ -300,29 +301,34 @@ class LeanAmqpChannel:
         self.connection.release()
 
 
-def run_lean_rabbit_pipelined(count: int) -> float:
-    """The lean relay to RabbitMQ with confirms awaited one batch late: it claims and
-    publishes batch N+1, then waits for batch N's confirms and marks N sent, so the
-    broker stores N while the relay works on N+1. Nothing is marked sent before the
-    broker confirmed it, as with one wait per batch."""
+#: How many batches late the pipelined lean relay awaits its confirms: as many as
+#: ``outbox_relay`` keeps waiting by default (``Runner.waiting_batches``).
+LEAN_CONFIRMS_LATE = 2
+
+
+def run_lean_rabbit_pipelined(count: int, late: int = LEAN_CONFIRMS_LATE) -> float:
+    """The lean relay to RabbitMQ with confirms awaited *late* batches late: it claims
+    and publishes batch N+late, then waits for batch N's confirms and marks N sent, so
+    the broker stores N while the relay works on the next ones. Nothing is marked sent
+    before the broker confirmed it, as with one wait per batch."""
     import psycopg
 
     channel = LeanAmqpChannel(QUEUE, confirm=True)
     conn = psycopg.connect(BENCH_DB)
     moved = 0
     started, cpu = time.perf_counter(), time.process_time()
-    waiting: tuple[list[Any], int] | None = None  # the batch handed over, its last tag
+    waiting: deque[tuple[list[Any], int]] = deque()  # batches handed over, their last tag
     while True:
         rows = lean_claim(conn, LEAN_RABBIT_COLUMNS)
-        tag = channel.publish(rows) if rows else 0
-        if waiting is not None:
-            ids, last = waiting
+        if rows:
+            waiting.append(([r[0] for r in rows], channel.publish(rows)))
+        while len(waiting) > (late if rows else 0):
+            ids, last = waiting.popleft()
             channel.wait_for(last)
             lean_mark_sent(conn, ids)
             moved += len(ids)
         if not rows:
             break
-        waiting = ([r[0] for r in rows], tag)
     elapsed = time.perf_counter() - started
     CPU_PER_MESSAGE.setdefault("lean-rabbit-pipelined", []).append(
         (time.process_time() - cpu) / count
@@ -520,7 +526,7 @@ def run_rabbit(n: int, repeat: int) -> dict[str, float]:
         "bench-rabbit-unconfirmed": lambda: run_outbox_relay(n, "bench-rabbit-unconfirmed"),
         "lean-rabbit": lambda: run_lean_rabbit_relay(n, confirm=True),
         "lean-rabbit-unconfirmed": lambda: run_lean_rabbit_relay(n, confirm=False),
-        "lean-rabbit-pipelined": lambda: run_lean_rabbit_pipelined(n),
+        "lean-rabbit-pipelined": lambda: run_lean_rabbit_pipelined(n, LEAN_CONFIRMS_LATE),
     }
     for _ in range(repeat):
         for name, run in runs.items():
@@ -533,7 +539,13 @@ def run_rabbit(n: int, repeat: int) -> dict[str, float]:
 
 def report_rabbit(n: int, repeat: int) -> int:
     """Target 2 alone: each relay to RabbitMQ, with and without confirms."""
+    from django_outbox.engine.runner import Runner
+
     rabbit = run_rabbit(n, repeat)
+
+    def label(name: str) -> str:
+        return RABBIT_LABELS[name].format(late=LEAN_CONFIRMS_LATE, waiting=Runner.waiting_batches)
+
     print(
         f"\n{date.today()} · {platform.node()} · {os.cpu_count()} cores · Python "
         f"{platform.python_version()} · {n:,} messages, median of {repeat}\n"
@@ -549,7 +561,7 @@ def report_rabbit(n: int, repeat: int) -> int:
     ):
         cpu = statistics.median(CPU_PER_MESSAGE[name]) * 1e6
         print(
-            f"| {RABBIT_LABELS[name]} | {rabbit[name]:,.0f} | "
+            f"| {label(name)} | {rabbit[name]:,.0f} | "
             f"{rabbit[name] / rabbit[unconfirmed]:.2f} | {cpu:.1f} µs |"
         )
     met = rabbit["bench-rabbit"] >= 0.8 * rabbit["bench-rabbit-unconfirmed"]
@@ -558,10 +570,10 @@ def report_rabbit(n: int, repeat: int) -> int:
 
 
 RABBIT_LABELS = {
-    "bench-rabbit": "django-outbox, confirms",
+    "bench-rabbit": "django-outbox, confirms ({waiting} batches waiting)",
     "bench-rabbit-unconfirmed": "django-outbox, no confirms",
     "lean-rabbit": "lean, confirms (one wait a batch)",
-    "lean-rabbit-pipelined": "lean, confirms awaited a batch late",
+    "lean-rabbit-pipelined": "lean, confirms awaited {late} batches late",
     "lean-rabbit-unconfirmed": "lean, no confirms",
 }
 
@@ -599,9 +611,21 @@ def main() -> int:
         help="Only the relays to RabbitMQ (target 2): ours and the lean ones, with and "
         "without confirms, --messages each, in turns.",
     )
+    parser.add_argument(
+        "--confirms-late",
+        type=int,
+        default=None,
+        help="Batches the relays keep waiting for their confirms: ours "
+        "(Runner.waiting_batches) and the pipelined lean one (default: ours's default).",
+    )
     args = parser.parse_args()
     setup_django()
     configure()
+    if args.confirms_late is not None:
+        global LEAN_CONFIRMS_LATE
+        from django_outbox.engine.runner import Runner
+
+        Runner.waiting_batches = LEAN_CONFIRMS_LATE = args.confirms_late
     if args.only_send:
         return report_send(args.transactions)
     n, repeat = args.messages, args.repeat
@@ -708,7 +732,8 @@ def main() -> int:
             "(of lean unconfirmed)",
         ),
         (
-            "relay PostgreSQL → RabbitMQ (confirms awaited a batch late), lean",
+            f"relay PostgreSQL → RabbitMQ (confirms awaited {LEAN_CONFIRMS_LATE} batches late), "
+            "lean",
             lean_pipelined,
             lean_pipelined / lean_unconfirmed,
             "(of lean unconfirmed)",
@@ -770,7 +795,8 @@ def main() -> int:
         ("bench-rabbit", "django-outbox → RabbitMQ (confirms)", "lean-rabbit"),
         (
             "lean-rabbit-pipelined",
-            "lean psycopg + py-amqp → RabbitMQ (confirms awaited a batch late)",
+            f"lean psycopg + py-amqp → RabbitMQ (confirms awaited {LEAN_CONFIRMS_LATE} "
+            "batches late)",
             "lean-rabbit",
         ),
         (
@@ -790,8 +816,8 @@ def main() -> int:
         f"\nRabbitMQ, confirms against none: django-outbox {ours_rabbit / unconfirmed_rabbit:.2f}, "
         f"the lean relay {lean_rabbit / lean_unconfirmed:.2f}; with confirms, django-outbox "
         f"against the lean relay: {ours_rabbit / lean_rabbit:.2f}; the lean relay awaiting "
-        f"each batch's confirms one batch late: {lean_pipelined / lean_unconfirmed:.2f} of "
-        "its unconfirmed"
+        f"each batch's confirms {LEAN_CONFIRMS_LATE} batches late: "
+        f"{lean_pipelined / lean_unconfirmed:.2f} of its unconfirmed"
     )
     unkeyed = cpu_ratio("bench-redis", "lean")
     print(

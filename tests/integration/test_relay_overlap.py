@@ -1,8 +1,9 @@
-"""The relay overlaps RabbitMQ's publisher confirms with its next batch: batch N+1 is
-handed over before the relay waits for batch N's confirms and records its outcomes.
-While N waits, its started rows are marked started in the database
-(``attempt_open``): N+1's declaration takes N's place on the worker's row, and a crash
-must still count N's attempts (the kill-point test proves that with a real SIGKILL)."""
+"""The relay overlaps RabbitMQ's publisher confirms with its next batches: batches
+N+1 to N+k (k is ``Runner.waiting_batches``) are handed over before the relay waits for
+batch N's confirms and records its outcomes. While N waits, its started rows are marked
+started in the database (``attempt_open``): the next batch's declaration takes N's place
+on the worker's row, and a crash must still count N's attempts (the kill-point test
+proves that with a real SIGKILL)."""
 
 import pytest
 
@@ -32,19 +33,19 @@ def rabbit(configure_outbox, amqp_url, queue_name):
 @pytest.fixture
 def journal(monkeypatch):
     """What the relay did, in order: ("hand over", ids, the unrecorded batches' rows as
-    the database had them then) and ("record", ids)."""
+    the database had them then, how many batches those were) and ("record", ids)."""
     events = []
     handed = []
     hand_over, record = KombuTransport.hand_over, Runner.record
 
     def spy_hand_over(self, envelopes, deadline=None):
         recorded = {i for event in events if event[0] == "record" for i in event[1]}
-        waiting = [i for batch in handed for i in batch if i not in recorded]
-        rows = OutboxMessage.objects.filter(message_id__in=waiting)
+        waiting = [batch for batch in handed if set(batch) - recorded]
+        rows = OutboxMessage.objects.filter(message_id__in=[i for b in waiting for i in b])
         seen = {r.message_id: (r.state, r.attempt_open) for r in rows}
         ids = [e.message_id for e in envelopes]
         handed.append(ids)
-        events.append(("hand over", ids, seen))
+        events.append(("hand over", ids, seen, len(waiting)))
         return hand_over(self, envelopes, deadline)
 
     def spy_record(self, rows, outcomes, lease):
@@ -69,7 +70,7 @@ def test_the_next_batch_goes_out_before_this_one_is_recorded(rabbit, journal):
     assert {(r.state, r.attempts, r.attempt_open) for r in rows} == {(OutboxState.SENT, 1, False)}
     overlapped = [event for event in journal if event[0] == "hand over" and event[2]]
     assert overlapped, journal  # some batch was handed over while an earlier one waited
-    for _, ids, waiting in overlapped:
+    for _, ids, waiting, _ in overlapped:
         # The batch that waits for its confirms is marked started, still held.
         assert set(waiting.values()) == {(OutboxState.SENDING, True)}, waiting
         assert not set(ids) & set(waiting)
@@ -87,6 +88,23 @@ def test_batches_are_recorded_in_the_order_they_were_handed_over(rabbit, journal
     assert recorded == handed
 
 
+@pytest.mark.parametrize("limit", [0, 1, 3])
+def test_as_many_batches_wait_for_their_confirms_as_the_relay_allows(rabbit, journal, limit):
+    url, queue = rabbit
+    sent = [django_outbox.send("t", {"n": n}).message_id for n in range(80)]
+    heartbeat.start("relay")
+    relay = Relay(batch_size=10)
+    relay.waiting_batches = limit
+
+    assert relay.drain().sent == 80
+
+    waiting = [event[3] for event in journal if event[0] == "hand over"]
+    # The drain runs its first batch alone (an idle poll costs one claim, no thread),
+    # then overlaps the rest.
+    assert waiting == [0] + [min(n, limit) for n in range(7)]
+    assert len(drain_queue(url, queue)) == len(sent)
+
+
 def test_a_keyed_message_never_goes_out_while_an_earlier_one_of_its_key_waits(rabbit, journal):
     url, queue = rabbit
     sent = [django_outbox.send("t", {"n": n}, key=f"k{n % 3}") for n in range(60)]
@@ -94,7 +112,7 @@ def test_a_keyed_message_never_goes_out_while_an_earlier_one_of_its_key_waits(ra
 
     assert Relay(batch_size=10).drain().sent == 60
 
-    for _, ids, waiting in (event for event in journal if event[0] == "hand over"):
+    for _, ids, waiting, _ in (event for event in journal if event[0] == "hand over"):
         keys_waiting = {m.key for m in sent if m.message_id in waiting}
         assert not keys_waiting & {m.key for m in sent if m.message_id in ids}
     received = [m.headers["outbox-message-id"] for m in drain_queue(url, queue)]
@@ -107,7 +125,7 @@ def test_answers_lost_with_two_batches_in_flight_leave_nothing_stuck_or_lost(
     configure_outbox, amqp_url, queue_name, monkeypatch
 ):
     """RabbitMQ's confirms stop arriving (a TCP proxy swallows them) just as a third
-    batch is handed over while the second waits: every message handed over without a
+    batch is handed over while earlier ones wait: every message handed over without a
     confirm is uncertain and held, the rest are sent or wait uncounted, no row stays
     `sending` or marked, and once the broker answers again everything goes out."""
     from django_outbox.outbox.circuits import circuits
@@ -149,10 +167,13 @@ def test_answers_lost_with_two_batches_in_flight_leave_nothing_stuck_or_lost(
         held = {i for i, r in rows.items() if r.state == OutboxState.SEND_ERROR}
         assert all(rows[i].uncertain for i in held)
         assert set(calls[2]) <= held  # handed over, never confirmed
-        # Only what was in flight: the batch waiting when the answers stopped, or the
-        # one handed over while the cut batch waited (the timeout fails both).
+        # Only what was in flight: the batches handed over and unconfirmed when the
+        # collect that timed out began (a run of at most waiting_batches + 1, the cut
+        # one among them); the timeout fails them all.
         spans = [k for k, ids in enumerate(calls) if set(ids) & held]
-        assert spans in ([1, 2], [2], [2, 3]), spans
+        assert 2 in spans, spans
+        assert spans == list(range(spans[0], spans[-1] + 1)), spans
+        assert len(spans) <= Runner.waiting_batches + 1, spans
         waiting = {i for i, r in rows.items() if r.state == OutboxState.SHOULD_BE_SENT}
         assert all(rows[i].attempts == 0 for i in waiting)
 
