@@ -1042,6 +1042,12 @@ COMMANDS = EntryPoint(
             _command("expected a whole number, got 'many'"),
         ),
         Case(
+            "unconfirmed-batches-negative",
+            "`outbox_relay --unconfirmed-batches -1`",
+            {"argv": ["outbox_relay", "--unconfirmed-batches", "-1"]},
+            _command("must be >= 0, got -1"),
+        ),
+        Case(
             "interval-negative",
             "`outbox_relay --interval -1`",
             {"argv": ["outbox_relay", "--interval", "-1"]},

@@ -19,8 +19,9 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import date
+from functools import partial
 from typing import Any
 
 from tests.benchmarks import common
@@ -113,9 +114,12 @@ def purge_rabbit() -> None:
         connection.default_channel.queue_delete(QUEUE)
 
 
-def run_outbox_relay(count: int, destination: str, label: str | None = None) -> float:
+def run_outbox_relay(
+    count: int, destination: str, label: str | None = None, waiting: int | None = None
+) -> float:
     """django-outbox's relay, one process, batches of 500: messages per second (its CPU
-    per message kept under *label*, default the destination's name)."""
+    per message kept under *label*, default the destination's name). *waiting* sets
+    ``Runner.waiting_batches`` (RabbitMQ with confirms) instead of its default."""
     from django.db import connection
 
     from django_outbox.outbox.relay import Relay
@@ -123,6 +127,8 @@ def run_outbox_relay(count: int, destination: str, label: str | None = None) -> 
 
     registry.close_all()
     relay = Relay(batch_size=500)
+    if waiting is not None:
+        relay.waiting_batches = waiting
     relay.run_batch([-1])  # connect the transport outside the timed section
     started, cpu = time.perf_counter(), time.process_time()
     total = relay.drain(time_budget=3600)
@@ -330,9 +336,10 @@ def run_lean_rabbit_pipelined(count: int, late: int = LEAN_CONFIRMS_LATE) -> flo
         if not rows:
             break
     elapsed = time.perf_counter() - started
-    CPU_PER_MESSAGE.setdefault("lean-rabbit-pipelined", []).append(
-        (time.process_time() - cpu) / count
-    )
+    name = "lean-rabbit-pipelined"
+    if late != LEAN_CONFIRMS_LATE:
+        name += f"@{late}"
+    CPU_PER_MESSAGE.setdefault(name, []).append((time.process_time() - cpu) / count)
     conn.close()
     channel.close()
     assert moved == count, moved
@@ -517,9 +524,11 @@ def report_send(transactions: int) -> int:
     return 0
 
 
-def run_rabbit(n: int, repeat: int) -> dict[str, float]:
+def run_rabbit(n: int, repeat: int, also_late: Sequence[int] = ()) -> dict[str, float]:
     """Publisher confirms against plain publishing, ours and the lean relays', in turn:
-    the median messages per second of each."""
+    the median messages per second of each. With *also_late*, ours and the pipelined
+    lean relay also run with that many batches waiting for their confirms (named
+    ``bench-rabbit@K`` and ``lean-rabbit-pipelined@K``), in the same turns."""
     samples: dict[str, list[float]] = {}
     runs: dict[str, Callable[[], float]] = {
         "bench-rabbit": lambda: run_outbox_relay(n, "bench-rabbit"),
@@ -528,23 +537,30 @@ def run_rabbit(n: int, repeat: int) -> dict[str, float]:
         "lean-rabbit-unconfirmed": lambda: run_lean_rabbit_relay(n, confirm=False),
         "lean-rabbit-pipelined": lambda: run_lean_rabbit_pipelined(n, LEAN_CONFIRMS_LATE),
     }
+    for k in also_late:
+        runs[f"bench-rabbit@{k}"] = partial(run_outbox_relay, n, "bench-rabbit", f"ours@{k}", k)
+        runs[f"lean-rabbit-pipelined@{k}"] = partial(run_lean_rabbit_pipelined, n, k)
     for _ in range(repeat):
         for name, run in runs.items():
             purge_rabbit()
-            fill(n, name if name.startswith("bench") else "bench-rabbit")
+            destination = name.partition("@")[0]
+            fill(n, destination if destination.startswith("bench") else "bench-rabbit")
             samples.setdefault(name, []).append(run())
     purge_rabbit()
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def report_rabbit(n: int, repeat: int) -> int:
+def report_rabbit(n: int, repeat: int, also_late: Sequence[int] = ()) -> int:
     """Target 2 alone: each relay to RabbitMQ, with and without confirms."""
     from django_outbox.engine.runner import Runner
 
-    rabbit = run_rabbit(n, repeat)
+    rabbit = run_rabbit(n, repeat, also_late)
 
     def label(name: str) -> str:
-        return RABBIT_LABELS[name].format(late=LEAN_CONFIRMS_LATE, waiting=Runner.waiting_batches)
+        name, _, late = name.partition("@")
+        return RABBIT_LABELS[name].format(
+            late=late or LEAN_CONFIRMS_LATE, waiting=late or Runner.waiting_batches
+        )
 
     print(
         f"\n{date.today()} · {platform.node()} · {os.cpu_count()} cores · Python "
@@ -558,8 +574,10 @@ def report_rabbit(n: int, repeat: int) -> int:
         ("lean-rabbit", "lean-rabbit-unconfirmed"),
         ("lean-rabbit-pipelined", "lean-rabbit-unconfirmed"),
         ("lean-rabbit-unconfirmed", "lean-rabbit-unconfirmed"),
+        *((f"bench-rabbit@{k}", "bench-rabbit-unconfirmed") for k in also_late),
+        *((f"lean-rabbit-pipelined@{k}", "lean-rabbit-unconfirmed") for k in also_late),
     ):
-        cpu = statistics.median(CPU_PER_MESSAGE[name]) * 1e6
+        cpu = statistics.median(CPU_PER_MESSAGE[name.replace("bench-rabbit@", "ours@")]) * 1e6
         print(
             f"| {label(name)} | {rabbit[name]:,.0f} | "
             f"{rabbit[name] / rabbit[unconfirmed]:.2f} | {cpu:.1f} µs |"
@@ -570,10 +588,10 @@ def report_rabbit(n: int, repeat: int) -> int:
 
 
 RABBIT_LABELS = {
-    "bench-rabbit": "django-outbox, confirms ({waiting} batches waiting)",
+    "bench-rabbit": "django-outbox, confirms, {waiting} waiting",
     "bench-rabbit-unconfirmed": "django-outbox, no confirms",
     "lean-rabbit": "lean, confirms (one wait a batch)",
-    "lean-rabbit-pipelined": "lean, confirms awaited {late} batches late",
+    "lean-rabbit-pipelined": "lean, confirms awaited {late} late",
     "lean-rabbit-unconfirmed": "lean, no confirms",
 }
 
@@ -612,20 +630,16 @@ def main() -> int:
         "without confirms, --messages each, in turns.",
     )
     parser.add_argument(
-        "--confirms-late",
-        type=int,
-        default=None,
-        help="Batches the relays keep waiting for their confirms: ours "
-        "(Runner.waiting_batches) and the pipelined lean one (default: ours's default).",
+        "--also-late",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[],
+        help="With --only-rabbit: also run ours and the pipelined lean relay with these "
+        "numbers of batches waiting for their confirms (comma-separated), in the same "
+        "turns as the others.",
     )
     args = parser.parse_args()
     setup_django()
     configure()
-    if args.confirms_late is not None:
-        global LEAN_CONFIRMS_LATE
-        from django_outbox.engine.runner import Runner
-
-        Runner.waiting_batches = LEAN_CONFIRMS_LATE = args.confirms_late
     if args.only_send:
         return report_send(args.transactions)
     n, repeat = args.messages, args.repeat
@@ -633,7 +647,7 @@ def main() -> int:
         from django_outbox.engine.loop import settle_heap
 
         settle_heap()
-        return report_rabbit(n, repeat)
+        return report_rabbit(n, repeat, args.also_late)
     # As outbox_relay does before its loop (both relays run in this process after it).
     from django_outbox.engine.loop import settle_heap
 

@@ -66,6 +66,25 @@ def test_no_prefetch_drains_on_one_thread(monkeypatch):
     assert len(prefetching) == int(connection.features.has_select_for_update_skip_locked)
 
 
+@pytest.mark.parametrize(("given", "expected"), [([], 2), (["--unconfirmed-batches", "0"], 0)])
+def test_unconfirmed_batches_sets_how_many_batches_the_relay_keeps_waiting(
+    monkeypatch, given, expected
+):
+    from django_outbox.engine.runner import Runner
+
+    drains = []
+    drain = Runner.drain
+
+    def spy(self, *args, **kwargs):
+        drains.append(self.waiting_batches)
+        return drain(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "drain", spy)
+    django_outbox.send("t", {})
+    run("outbox_relay", "--until-empty", "--interval", "0", *given)
+    assert drains and set(drains) == {expected}
+
+
 def test_outbox_relay_max_batches_stops_early():
     for n in range(25):
         django_outbox.send("t", {"n": n})
@@ -73,7 +92,16 @@ def test_outbox_relay_max_batches_stops_early():
     assert OutboxMessage.objects.filter(state=OutboxState.SENT).count() == 10
 
 
-@pytest.mark.parametrize("bad", [["--batch", "0"], ["--interval", "-1"], ["--batch", "x"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--batch", "0"],
+        ["--interval", "-1"],
+        ["--batch", "x"],
+        ["--unconfirmed-batches", "-1"],
+        ["--unconfirmed-batches", "two"],
+    ],
+)
 def test_outbox_relay_rejects_bad_arguments(bad):
     with pytest.raises(CommandError):
         call_command("outbox_relay", *bad)
