@@ -582,10 +582,12 @@ class Runner:
         stop = threading.Event()
         settled = threading.Condition()
         in_flight = 0  # batches claimed and not yet recorded
-        # Batches in flight before the next claim: one running, one prefetched; once
-        # batches wait for their answers (WAITING), those waiting on top.
-        depth = 1
+        handed = 0  # of those, batches handed over and waiting for their answers
         limit = self.waiting_batches
+
+        def ready(settling: bool) -> bool:
+            """Whether the claimer may claim (read under *settled*, on each wake-up)."""
+            return in_flight == 0 if settling else in_flight - handed <= 1
 
         def claimer() -> None:
             nonlocal in_flight
@@ -594,18 +596,14 @@ class Runner:
                 wait_for_settle = False
                 while not stop.is_set() and (max_batches is None or claimed < max_batches):
                     with settled:
-                        # Prefetch one batch, no more: a batch waits at most one
-                        # step for its turn, well inside its lease (and the heartbeat
-                        # hands a waiting batch back if that step runs long). After a
-                        # short claim, wait until nothing is in flight (rows of a key
-                        # may be waiting behind it), then claim again.
-                        # (*depth* is read on each wake-up: it grows once batches wait.)
-                        settled.wait_for(
-                            lambda: (
-                                in_flight <= (0 if wait_for_settle else depth)  # noqa: B023
-                                or stop.is_set()
-                            )
-                        )
+                        # Prefetch one batch, no more: besides the batches waiting for
+                        # their answers, claim only while at most one is in flight (the
+                        # one running). A batch waits at most one step for its turn,
+                        # well inside its lease (and the heartbeat hands a waiting
+                        # batch back if that step runs long). After a short claim,
+                        # wait until nothing is in flight (rows of a key may be waiting
+                        # behind it), then claim again.
+                        settled.wait_for(lambda: ready(wait_for_settle) or stop.is_set())  # noqa: B023
                         idle = in_flight == 0
                     if stop.is_set() or self.part.stopping.is_set():
                         break
@@ -636,10 +634,11 @@ class Runner:
         # order the batches were handed over, up to *limit* batches late.
         waiting: deque[Generator[None, None, RunResult]] = deque()
 
-        def settle_one() -> None:
-            nonlocal in_flight
+        def settle_one(was_handed: bool = False) -> None:
+            nonlocal in_flight, handed
             with settled:
                 in_flight -= 1
+                handed -= was_handed
                 settled.notify_all()
 
         def record_waiting(keep: int = 0) -> None:
@@ -650,7 +649,7 @@ class Runner:
                     total += _finish(waiting[0])
                 finally:
                     waiting.popleft()
-                    settle_one()
+                    settle_one(was_handed=True)
 
         try:
             while (item := batches.get()) is not None:
@@ -665,13 +664,12 @@ class Runner:
                 stages = self._stages(rows, lease, held, overlap=limit > 0)
                 paused = _advance(stages)
                 if paused is None:
-                    if depth == 1:
-                        with settled:
-                            depth = limit + 1  # batches wait, one runs: claim the next
-                            settled.notify_all()
                     # This batch waits from now on (if recording an earlier one fails,
                     # the cleanup below still records this one: it was handed over).
                     waiting.append(stages)
+                    with settled:
+                        handed += 1  # the claimer may take the next batch now
+                        settled.notify_all()
                     record_waiting(keep=limit)
                 else:
                     record_waiting()
