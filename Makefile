@@ -186,6 +186,7 @@ bench: $(VENV)/.installed
 bench-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational
 	$(VENV)/bin/python -m tests.benchmarks.latency --rates 200 --seconds 2 --brokers redis --informational
+	$(VENV)/bin/python -m tests.benchmarks.trigger_cost --triggers 200 --repeat 1
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.admin_health --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
