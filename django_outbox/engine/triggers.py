@@ -150,20 +150,32 @@ def _send_celery(part: str, using: str, ids: Sequence[Any]) -> None:
         )
     pool = _connections.pool(task.app)
     with pool.acquire(block=True) as connection:
-        try:
-            for start in range(0, max(len(ids), 1), MAX_IDS_PER_TRIGGER):
-                chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
-                task.apply_async(
-                    args=(chunk,),
-                    kwargs={"using": using, **extra},
-                    retry=False,
-                    connection=connection,
-                    **options,
-                )
-        except Exception:
-            # A broken connection is not handed to the next trigger.
-            connection.collect()
-            raise
+        for start in range(0, max(len(ids), 1), MAX_IDS_PER_TRIGGER):
+            chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
+            for attempt in (1, 2):
+                try:
+                    task.apply_async(
+                        args=(chunk,),
+                        kwargs={"using": using, **extra},
+                        retry=False,
+                        connection=connection,
+                        **options,
+                    )
+                    break
+                except Exception as exc:
+                    # A broken connection is not handed to the next trigger.
+                    connection.collect()
+                    # A kept connection may have gone stale (the broker restarted, or
+                    # dropped it while idle): one more try connects afresh. A broker
+                    # that is away refuses that connection at once.
+                    if attempt == 2 or not _connection_lost(connection, exc):
+                        raise
+
+
+def _connection_lost(connection: Any, exc: BaseException) -> bool:
+    """Whether *exc* says the broker connection broke (not, say, a bad argument)."""
+    lost = (ConnectionError, OSError, *connection.recoverable_connection_errors)
+    return isinstance(exc, lost) or isinstance(exc.__cause__, lost)
 
 
 class TriggerConnections:
