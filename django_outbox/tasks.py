@@ -66,12 +66,13 @@ def _deliver(runner: Runner, ids: list[int], trigger: str) -> dict[str, int]:
     that ran out of its budget with rows still due sends the trigger again, so the work
     goes on in the next task rather than waiting for the next sweep.
 
-    The ids only say that rows committed. The drain's first claim takes every due row:
-    the trigger's, and those of transactions whose triggers are still on their way (in
-    a process's coalescing window, or queued behind this task), which then find little
-    or nothing left. Claiming the trigger's own rows first (``Runner.deliver``) cost a
-    batch cycle of their own before the drain's, and each trigger a claim: at 300
-    commits a second the solo worker's queue, not the work, set the latency."""
+    The ids only say that rows committed. The drain's first claim takes a batch of due
+    rows in claim order: the trigger's, and those of transactions whose triggers are
+    still on their way (in a process's coalescing window, or queued behind this task),
+    which then find little or nothing left. Claiming the trigger's own rows first
+    (``Runner.deliver``) cost a batch cycle of their own before the drain's, and each
+    trigger a claim: at 300 commits a second the solo worker's queue, not the work,
+    set the latency."""
     del ids  # a wake-up: what is due is read from the table
     result = runner.drain()
     if runner.cut_short:

@@ -122,6 +122,11 @@ def for_test_worker(url: str) -> str:
 
 
 CELERY_BROKER_URL = for_test_worker(os.environ.get("CELERY_BROKER_URL", "filesystem://"))
+if os.environ.get("CELERY_BROKER_URL", CELERY_BROKER_URL) != CELERY_BROKER_URL:
+    # Celery reads the variable before this setting: without this, every pytest-xdist
+    # worker (and the workers it starts) would share the one database it names, and
+    # one emptying "its own" at its end would take the other's queued tasks.
+    os.environ["CELERY_BROKER_URL"] = CELERY_BROKER_URL
 if CELERY_BROKER_URL.startswith("filesystem"):
     CELERY_BROKER_TRANSPORT_OPTIONS = FILESYSTEM_TRANSPORT_OPTIONS
 elif CELERY_BROKER_URL.startswith("amqp"):

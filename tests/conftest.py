@@ -18,6 +18,7 @@ from django.db import connection, transaction
 
 from django_outbox.engine import heartbeat, telemetry
 from django_outbox.outbox.transports import memory, registry
+from testproject.settings import for_test_worker
 from tests import services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +103,7 @@ TEST_CELERY_BROKER = "redis://127.0.0.1:6379/14"
 @pytest.fixture(scope="session", autouse=True)
 def empty_the_test_celery_broker_afterwards() -> Iterator[None]:
     yield
-    if os.environ.get("CELERY_BROKER_URL") == TEST_CELERY_BROKER:
+    if os.environ.get("CELERY_BROKER_URL") == for_test_worker(TEST_CELERY_BROKER):
         import redis
 
         try:

@@ -30,6 +30,8 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.mode = "forward"
+        #: Connections accepted since the proxy was made.
+        self.accepted = 0
 
     def up(self) -> None:
         listener = socket.socket()
@@ -68,6 +70,7 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._sockets.update({client, upstream})
+                self.accepted += 1
             for a, b, is_request in ((client, upstream, True), (upstream, client, False)):
                 threading.Thread(target=self._pipe, args=(a, b, is_request), daemon=True).start()
 

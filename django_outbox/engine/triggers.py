@@ -16,16 +16,18 @@ thread publishes, the rows are committed all the same and a sweep runs them.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
+from kombu.connection import ConnectionPool
 
 from django_outbox.conf import get_settings
 
@@ -148,8 +150,7 @@ def _send_celery(part: str, using: str, ids: Sequence[Any]) -> None:
             "Celery's default app (amqp://localhost) and may never reach a worker. Import your "
             "Celery app in your project's __init__.py (see the quickstart), or set DISPATCH"
         )
-    pool = _connections.pool(task.app)
-    with pool.acquire(block=True) as connection:
+    with _connections.connection(task.app) as connection:
         for start in range(0, max(len(ids), 1), MAX_IDS_PER_TRIGGER):
             chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
             for attempt in (1, 2):
@@ -170,17 +171,34 @@ def _send_celery(part: str, using: str, ids: Sequence[Any]) -> None:
                     # that is away refuses that connection at once.
                     if attempt == 2 or not _connection_lost(connection, exc):
                         raise
+                    logger.warning(
+                        "the broker connection of %s triggers broke (%s: %s); sending again "
+                        "on a new one",
+                        part,
+                        type(exc).__name__,
+                        exc,
+                    )
 
 
 def _connection_lost(connection: Any, exc: BaseException) -> bool:
     """Whether *exc* says the broker connection broke (not, say, a bad argument)."""
-    lost = (ConnectionError, OSError, *connection.recoverable_connection_errors)
+    lost = (OSError, *connection.recoverable_connection_errors)
     return isinstance(exc, lost) or isinstance(exc.__cause__, lost)
 
 
+class _TriggerPool(ConnectionPool):
+    # kombu closes a pool inherited by a child that billiard or multiprocessing forked;
+    # for AMQP that shuts the socket the parent still uses. TriggerConnections forgets
+    # the parent's pools in a child instead, and leaves their sockets alone.
+    close_after_fork = False
+
+
 class TriggerConnections:
-    """Broker connections for Celery triggers, pooled per Celery app and process (at most
-    the app's ``broker_pool_limit`` of them; ``None`` or 0 there turns the pool off).
+    """Broker connections for Celery triggers, kept per Celery app and process: at most
+    the app's ``broker_pool_limit`` of them (``None`` or 0 there turns keeping off).
+    A trigger never waits for one: when all are in use (more threads publishing at
+    once, a task run eagerly that triggers again), it gets a connection of its own,
+    closed after it.
 
     They are the app's write connections (its ``broker_transport_options``
     apply) except that a refused or unreachable broker fails the trigger at
@@ -196,20 +214,36 @@ class TriggerConnections:
         """Forget all pools (a forked child must not share its parent's sockets)."""
         self._lock = threading.Lock()
         self._pools: dict[int, Any] = {}
+        self._pid = os.getpid()
 
     def pool(self, app: Any) -> Any:
         key = id(app)
         with self._lock:
+            if self._pid != os.getpid():
+                # Forked without the interpreter's fork hooks (a server that forks
+                # from C): the parent's connections are not this process's.
+                self._pools, self._pid = {}, os.getpid()
             pool = self._pools.get(key)
             if pool is None:
                 connection = app.connection_for_write(transport_options={"max_retries": 0})
                 # kombu keeps connections only in a pool with a limit: without one each
                 # trigger connected, declared its queue and closed again (2 ms of CPU
-                # a trigger to Redis). Celery's own limit, unless the app turned its
-                # pool off.
-                limit = app.conf.broker_pool_limit
-                pool = self._pools[key] = connection.Pool(limit=limit)
+                # a trigger to Redis).
+                pool = self._pools[key] = _TriggerPool(connection, limit=app.conf.broker_pool_limit)
             return pool
+
+    @contextlib.contextmanager
+    def connection(self, app: Any) -> Iterator[Any]:
+        """A kept connection of *app*'s, or, if all are in use, one of this trigger's own."""
+        pool = self.pool(app)
+        try:
+            kept = pool.acquire(block=False)
+        except pool.LimitExceeded:
+            with pool.connection.clone() as own:
+                yield own
+            return
+        with kept:
+            yield kept
 
     def close(self) -> None:
         with self._lock:
