@@ -61,8 +61,8 @@ def _stop_beating(pid: int | None = None, **kwargs: Any) -> None:
     metrics.process_exited(pid or os.getpid())
 
 
-def _deliver(runner: Runner, ids: list[int], trigger: str) -> dict[str, int]:
-    """A trigger's task: drain what is due, the trigger's rows (*ids*) among it. A drain
+def _drain(runner: Runner, trigger: str) -> dict[str, int]:
+    """A trigger's task: drain what is due, the trigger's rows among it. A drain
     that ran out of its budget with rows still due sends the trigger again, so the work
     goes on in the next task rather than waiting for the next sweep.
 
@@ -73,7 +73,6 @@ def _deliver(runner: Runner, ids: list[int], trigger: str) -> dict[str, int]:
     (``Runner.deliver``) cost a batch cycle of their own before the drain's, and each
     trigger a claim: at 300 commits a second the solo worker's queue, not the work,
     set the latency."""
-    del ids  # a wake-up: what is due is read from the table
     result = runner.drain()
     if runner.cut_short:
         triggers.dispatch(trigger, runner.using, [])
@@ -86,7 +85,7 @@ def deliver_messages(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) 
     from django_outbox.outbox.relay import Relay
 
     _in_a_worker(self)
-    return _deliver(Relay(using=using), ids, "outbox")
+    return _drain(Relay(using=using), "outbox")
 
 
 @shared_task(name="django_outbox.sweep_outbox", ignore_result=True, bind=True)
@@ -112,7 +111,7 @@ def handle_inbox(self: Task, ids: list[int], using: str = DEFAULT_DB_ALIAS) -> d
     from django_outbox.inbox.handling import Inbox
 
     _in_a_worker(self)
-    return _deliver(Inbox(using=using), ids, "inbox")
+    return _drain(Inbox(using=using), "inbox")
 
 
 @shared_task(name="django_outbox.sweep_inbox", ignore_result=True, bind=True)
@@ -144,7 +143,7 @@ def run_jobs(
     from django_outbox.jobs.running import Jobs
 
     _in_a_worker(self)
-    return _deliver(Jobs(using=using, queues=[queue]), ids, f"jobs:{queue}")
+    return _drain(Jobs(using=using, queues=[queue]), f"jobs:{queue}")
 
 
 @shared_task(name="django_outbox.sweep_jobs", ignore_result=True, bind=True)

@@ -153,31 +153,29 @@ def _send_celery(part: str, using: str, ids: Sequence[Any]) -> None:
     with _connections.connection(task.app) as connection:
         for start in range(0, max(len(ids), 1), MAX_IDS_PER_TRIGGER):
             chunk = list(ids[start : start + MAX_IDS_PER_TRIGGER])
-            for attempt in (1, 2):
-                try:
-                    task.apply_async(
-                        args=(chunk,),
-                        kwargs={"using": using, **extra},
-                        retry=False,
-                        connection=connection,
-                        **options,
-                    )
-                    break
-                except Exception as exc:
-                    # A broken connection is not handed to the next trigger.
-                    connection.collect()
-                    # A kept connection may have gone stale (the broker restarted, or
-                    # dropped it while idle): one more try connects afresh. A broker
-                    # that is away refuses that connection at once.
-                    if attempt == 2 or not _connection_lost(connection, exc):
-                        raise
-                    logger.warning(
-                        "the broker connection of %s triggers broke (%s: %s); sending again "
-                        "on a new one",
-                        part,
-                        type(exc).__name__,
-                        exc,
-                    )
+            message = {"args": (chunk,), "kwargs": {"using": using, **extra}, **options}
+            _publish(task, connection, part, message)
+
+
+def _publish(task: Any, connection: Any, part: str, message: dict[str, Any]) -> None:
+    """``task.apply_async(**message)`` on *connection*; once more, on a new connection,
+    if the kept one had gone stale (the broker restarted, or dropped it while idle). A
+    broker that is away refuses that connection at once."""
+    for attempt in (1, 2):
+        try:
+            task.apply_async(retry=False, connection=connection, **message)
+            return
+        except Exception as exc:
+            # A broken connection is not handed to the next trigger.
+            connection.collect()
+            if attempt == 2 or not _connection_lost(connection, exc):
+                raise
+            logger.warning(
+                "the broker connection of %s triggers broke (%s: %s); sending again on a new one",
+                part,
+                type(exc).__name__,
+                exc,
+            )
 
 
 def _connection_lost(connection: Any, exc: BaseException) -> bool:
