@@ -25,12 +25,13 @@ XDIST ?= -n 2 --dist worksteal
 PIP_INSTALL = bin/pip install -q --disable-pip-version-check
 EDITABLE = -e ".[redis,postgres,http]" --group dev
 
-.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-relay-cycle bench-webhook bench-webhook-instructions bench-jobs-instructions bench-inbox-instructions bench-send-instructions bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
+.PHONY: help demo test lint docs docs-serve chromium test-postgres test-partitioned test-sqlite test-mariadb test-django6 test-chaos demo-ci bench bench-targets bench-ci bench-admin bench-inbox bench-jobs bench-jobs-phases bench-relay-phases bench-relay-cycle bench-webhook bench-webhook-instructions bench-jobs-instructions bench-inbox-instructions bench-send-instructions bench-soak flame bench-partitions bench-telemetry bench-tracing chaos chaos-services
 
 help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
 	@echo "make test   set up and run the whole test suite (needs PostgreSQL, MariaDB, Redis, RabbitMQ)"
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
+	@echo "make bench-targets  every performance target (relay, latency, jobs, inbox, webhook) in one run and one table of verdicts (about an hour)"
 	@echo "make bench-admin  the admin's pages and the health page and probe over 5 million rows per table on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
@@ -184,17 +185,14 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.latency --rates 300,500 --seconds 10 --repeat 3
 
 bench-ci: $(VENV)/.installed
-	$(VENV)/bin/python -m tests.benchmarks.relay --messages 5000 --repeat 1 --transactions 500 --rss-backlogs 10000,50000 --peer-messages 0 --informational
-	$(VENV)/bin/python -m tests.benchmarks.latency --rates 200 --seconds 2 --brokers redis --informational
+	$(VENV)/bin/python -m tests.benchmarks.targets --reduced
 	$(VENV)/bin/python -m tests.benchmarks.trigger_cost --triggers 200 --repeat 1
 	$(VENV)/bin/python -m tests.benchmarks.admin_changelist --rows 20000 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.admin_health --rows 20000 --repeat 1 --informational
-	$(VENV)/bin/python -m tests.benchmarks.jobs --jobs 3000 --celery-tasks 500 --db-worker-tasks 100 --transactions 200 --latency-seconds 2 --repeat 1 --informational
 	$(VENV)/bin/python -m tests.benchmarks.jobs_phases --jobs 2000
 	$(VENV)/bin/python -m tests.benchmarks.relay_phases --messages 5000 --repeat 1
 	$(VENV)/bin/python -m tests.benchmarks.relay_cycle --cycles 200 --repeat 1 --phases
 	$(VENV)/bin/python -m tests.benchmarks.partitions --rows 20000 --days 3 --items 300 --repeat 1 --informational
-	$(VENV)/bin/python -m tests.benchmarks.webhook --requests 500 --repeat 1 --rate 100 --seconds 2 --informational
 	$(VENV)/bin/python -m tests.benchmarks.webhook_instructions --deliveries 50 --smoke
 	$(VENV)/bin/python -m tests.benchmarks.jobs_instructions --jobs 500 --smoke
 	$(VENV)/bin/python -m tests.benchmarks.inbox_instructions --messages 1000 --smoke
@@ -246,6 +244,12 @@ bench-send-instructions: $(VENV)/.installed
 SOAK_FINISHED ?= 5000000
 bench-soak: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.soak --rate 700 --minutes 8 --window 30 --finished $(SOAK_FINISHED)
+
+# Every target of issue 17 in one run (the harnesses of bench, bench-jobs, bench-inbox
+# and bench-webhook, one after the other), then one table of verdicts. About an hour.
+bench-targets: $(VENV)/.installed
+	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
+	$(VENV)/bin/python -m tests.benchmarks.targets
 
 bench-jobs: $(VENV)/.installed
 	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers

@@ -183,8 +183,27 @@ def stored(b: psycopg.Connection) -> int:
     return int(b.execute("SELECT count(*) FROM django_outbox_inbox").fetchone()[0])
 
 
+def server_pids(server: subprocess.Popen[bytes]) -> list[int]:
+    """The WSGI server's processes: its master and the workers it forked (Linux)."""
+    pids = [server.pid]
+    try:
+        with open(f"/proc/{server.pid}/task/{server.pid}/children") as children:
+            pids += [int(pid) for pid in children.read().split()]
+    except OSError:
+        pass
+    return pids
+
+
+#: Per view, the CPU seconds a delivery cost the WSGI server's processes and the
+#: database server, one figure a round (``throughput``).
+SERVER_CPU: dict[str, list[float]] = {}
+DATABASE_CPU: dict[str, list[float]] = {}
+
+
 def throughput(count: int, repeat: int) -> dict[str, float]:
-    """Median deliveries per second of the webhook view and of the bare INSERT."""
+    """Median deliveries per second of the webhook view and of the bare INSERT; the CPU
+    each delivery cost gunicorn's processes and PostgreSQL goes to ``SERVER_CPU`` and
+    ``DATABASE_CPU`` (read from ``/proc`` around each round)."""
     deliveries = prepared(count)
     rates: dict[str, list[float]] = {"webhook": [], "bare": []}
     server = serve()
@@ -193,7 +212,13 @@ def throughput(count: int, repeat: int) -> dict[str, float]:
             for _ in range(repeat):
                 for name, path in (("webhook", "/inbox/a/"), ("bare", "/bench/bare-insert/a/")):
                     b.execute("TRUNCATE django_outbox_inbox")
+                    pids = server_pids(server)
+                    cpu, database = common.process_cpu(pids), common.server_cpu()
                     rates[name].append(post_all(path, deliveries))
+                    SERVER_CPU.setdefault(name, []).append((common.process_cpu(pids) - cpu) / count)
+                    DATABASE_CPU.setdefault(name, []).append(
+                        (common.server_cpu() - database) / count
+                    )
                     if stored(b) != count:
                         raise RuntimeError(f"{name}: {stored(b)} of {count} stored")
     finally:
@@ -302,10 +327,22 @@ def main() -> int:
     targets = {}
     if rates:
         ratio = rates["webhook"] / rates["bare"]
-        print("| view | deliveries/s | of the bare INSERT |")
-        print("|---|---:|---:|")
-        print(f"| the inbox's webhook | {rates['webhook']:,.0f} | {ratio:.2f} |")
-        print(f"| bare INSERT of the row | {rates['bare']:,.0f} | 1.00 |")
+        cpu = {name: statistics.median(SERVER_CPU[name]) * 1e6 for name in rates}
+        database = {name: statistics.median(DATABASE_CPU[name]) * 1e6 for name in rates}
+        print(
+            "| view | deliveries/s | of the bare INSERT | gunicorn CPU a delivery "
+            "| PostgreSQL CPU a delivery |"
+        )
+        print("|---|---:|---:|---:|---:|")
+        print(
+            f"| the inbox's webhook | {rates['webhook']:,.0f} | {ratio:.2f} "
+            f"| {cpu['webhook']:,.0f} µs ({cpu['webhook'] / cpu['bare']:.2f}x) "
+            f"| {database['webhook']:,.0f} µs |"
+        )
+        print(
+            f"| bare INSERT of the row | {rates['bare']:,.0f} | 1.00 | {cpu['bare']:,.0f} µs "
+            f"| {database['bare']:,.0f} µs |"
+        )
         print(
             "\nOne delivery after the other over one connection: gunicorn "
             f"{sequential['gunicorn']:.1f} ms each, Django's runserver "
