@@ -31,7 +31,7 @@ help:
 	@echo "make demo   set up and run the demo (SQLite + embedded broker unless DATABASE_URL/CELERY_BROKER_URL are set)"
 	@echo "make test   set up and run the whole test suite (needs PostgreSQL, MariaDB, Redis, RabbitMQ)"
 	@echo "make bench  the full relay benchmark (see docs/benchmarks.md)"
-	@echo "make bench-targets  every performance target (relay, latency, jobs, inbox, webhook) in one run and one table of verdicts (about an hour)"
+	@echo "make bench-targets  every performance target (relay, latency, jobs, inbox, webhook) in one run and one table of verdicts (about half an hour)"
 	@echo "make bench-admin  the admin's pages and the health page and probe over 5 million rows per table on PostgreSQL (see docs/benchmarks.md)"
 	@echo "make bench-inbox  inbox_consume against a plain kombu consumer and Celery acks_late (RabbitMQ)"
 	@echo "make bench-jobs  jobs_worker against Celery and django-tasks-db, enqueue cost, latency"
@@ -246,7 +246,7 @@ bench-soak: $(VENV)/.installed
 	$(VENV)/bin/python -m tests.benchmarks.soak --rate 700 --minutes 8 --window 30 --finished $(SOAK_FINISHED)
 
 # Every target of issue 17 in one run (the harnesses of bench, bench-jobs, bench-inbox
-# and bench-webhook, one after the other), then one table of verdicts. About an hour.
+# and bench-webhook, one after the other), then one table of verdicts. About half an hour.
 bench-targets: $(VENV)/.installed
 	$(VENV)/$(PIP_INSTALL) $(EDITABLE) --group django52 --group peers
 	$(VENV)/bin/python -m tests.benchmarks.targets

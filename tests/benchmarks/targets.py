@@ -1,6 +1,6 @@
 """Every performance target of issue 17 in one run, and one table of verdicts.
 
-    python -m tests.benchmarks.targets            # make bench-targets: about an hour
+    python -m tests.benchmarks.targets            # make bench-targets: about half an hour
     python -m tests.benchmarks.targets --reduced  # make test's sizes: informational
 
 Runs the harnesses one after the other (never two at once: each needs the machine to
