@@ -23,8 +23,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 
-from tests.benchmarks import latency
+#: The project's root, where each harness runs (not imported from a harness: importing
+#: one sets its environment variables, which every child would then inherit).
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class Harness:
     module: str
     full: tuple[str, ...]
     reduced: tuple[str, ...]
+    #: Whether its reduced run prints verdicts (latency's reduced rate has no target).
+    judged_reduced: bool = True
 
     def command(self, reduced: bool) -> list[str]:
         return ["-m", self.module, *(self.reduced if reduced else self.full)]
@@ -56,6 +61,7 @@ HARNESSES = (
         "tests.benchmarks.latency",
         ("--rates", "300,500", "--seconds", "10", "--repeat", "3"),
         ("--rates", "200", "--seconds", "2", "--brokers", "redis", "--informational"),
+        judged_reduced=False,
     ),
     Harness(
         "jobs",
@@ -86,17 +92,21 @@ HARNESSES = (
 )  # fmt: skip
 
 #: The verdict lines the harnesses print: ``target NAME: met|MISSED[ note]`` (jobs,
-#: inbox, webhook) and ``- NAME: met|missed`` (relay, latency).
-VERDICT = re.compile(r"^(?:target |- )(?P<target>.+): (?P<verdict>met|MISSED|missed)\b")
+#: inbox, webhook) and ``- NAME: met|missed`` (relay, latency); the jobs harness says
+#: ``not run (why)`` of a target whose peer is not installed.
+VERDICT = re.compile(
+    r"^(?:target |- )(?P<target>.+): (?P<verdict>met|MISSED|missed|not run)(?:\b|$)"
+)
 
 
-def verdicts(output: str) -> list[tuple[str, bool]]:
-    """The (target, met) pairs in a harness's *output*, in the order printed."""
+def verdicts(output: str) -> list[tuple[str, str]]:
+    """The (target, verdict) pairs in a harness's *output*, in the order printed; the
+    verdict is ``met``, ``missed`` or ``not run``."""
     found = []
     for line in output.splitlines():
         match = VERDICT.match(line.strip())
         if match:
-            found.append((match["target"], match["verdict"] == "met"))
+            found.append((match["target"], match["verdict"].lower()))
     return found
 
 
@@ -106,7 +116,8 @@ def run(harness: Harness, reduced: bool) -> tuple[int, str]:
     print(f"\n$ python {' '.join(harness.command(reduced))}", flush=True)
     process = subprocess.Popen(
         command,
-        cwd=latency.ROOT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its lines as they come
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -135,7 +146,7 @@ def main() -> int:
     unknown = sorted(set(chosen) - {h.name for h in HARNESSES})
     if unknown:
         parser.error(f"unknown harness(es): {', '.join(unknown)}")
-    rows: list[tuple[Harness, str, bool]] = []
+    rows: list[tuple[Harness, str, str]] = []
     failed = []
     for harness in HARNESSES:
         if harness.name not in chosen:
@@ -145,17 +156,18 @@ def main() -> int:
             failed.append(f"{harness.name} (exit status {status})")
             continue
         found = verdicts(output)
-        if not found and not args.reduced:
+        if not found and (harness.judged_reduced or not args.reduced):
             failed.append(f"{harness.name} (printed no verdict)")
-        rows += [(harness, target, met) for target, met in found]
+        rows += [(harness, target, verdict) for target, verdict in found]
     print(
         f"\n{date.today()} · {os.cpu_count()} cores · Python {platform.python_version()}"
         + (" · reduced run: informational, not comparable with the targets" if args.reduced else "")
     )
     print("\n| harness | target | verdict |")
     print("|---|---|---|")
-    for harness, target, met in rows:
-        print(f"| `{harness.name}` | {target} | {'met' if met else '**missed**'} |")
+    for harness, target, verdict in rows:
+        shown = "**missed**" if verdict == "missed" else verdict
+        print(f"| `{harness.name}` | {target} | {shown} |")
     print("\nCommands (from the project's root, `.venv/bin/python`):\n")
     for harness in HARNESSES:
         if harness.name in chosen:
