@@ -70,6 +70,19 @@ def slow(order_ref, seconds, marker=""):
     return order_ref
 
 
+@task()
+def waits_for(order_ref, release, timeout=60.0):
+    """Runs until the file *release* exists (or *timeout* seconds pass), then records a
+    Payment: a long job whose end the test decides, not a clock."""
+    deadline = time.monotonic() + timeout
+    while not Path(release).exists():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{release} never appeared")
+        time.sleep(0.02)
+    Payment.objects.create(order_ref=order_ref, status="released")
+    return order_ref
+
+
 @task(serial_key="order-{order}", max_attempts=1)
 def order_step(order, step, fail=False):
     """Steps of one order run one at a time, in order; a failed step holds its order."""

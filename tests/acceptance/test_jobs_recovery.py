@@ -30,24 +30,33 @@ def jobs_worker(*args, **env):
     return start_command("jobs_worker", "--json", "--interval", "0.1", *args, **env)
 
 
-def test_no_job_waits_behind_a_long_one_while_another_worker_is_free():
+def test_no_job_waits_behind_a_long_one_while_another_worker_is_free(tmp_path):
+    release = tmp_path / "release"
     workers = [jobs_worker(), jobs_worker()]
     try:
         wait_for(lambda: len(set(_worker_rows())) == 2, timeout=60, what="both workers")
         with transaction.atomic():  # one claim takes them all: the long one first
-            long = jobs.slow.enqueue("long", 5)
+            long = jobs.waits_for.enqueue("long", str(release))
             short = [jobs.record_payment.enqueue(f"short-{n}") for n in range(40)]
+        short_jobs = Job.objects.filter(result_id__in=[r.id for r in short])
+        # The long job runs until the test lets it end: the short ones must all finish
+        # meanwhile, on the other worker, however slow this machine is.
+        wait_for(
+            lambda: short_jobs.filter(state=JobState.SUCCESSFUL).count() == 40,
+            timeout=60,
+            what="the short jobs to finish while the long one runs",
+        )
+        long_job = Job.objects.get(result_id=long.id)
+        assert long_job.state == JobState.RUNNING
+        release.touch()
         wait_for(
             lambda: Job.objects.filter(state=JobState.SUCCESSFUL).count() == 41,
             timeout=60,
-            what="every job to finish",
+            what="the long job to finish",
         )
     finally:
         outputs = [finish(w) for w in workers]
-    long_job = Job.objects.get(result_id=long.id)
-    short_jobs = Job.objects.filter(result_id__in=[r.id for r in short])
-    # The short jobs finished while the long one still ran, on the other worker.
-    assert max(j.finished_at for j in short_jobs) < long_job.finished_at, outputs
+    long_job.refresh_from_db()
     assert all(j.worker_ids[0] != long_job.worker_ids[0] for j in short_jobs), outputs
     assert all(j.attempts == 1 for j in short_jobs)  # handed back uncounted
 
