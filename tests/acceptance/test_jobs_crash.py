@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+from django.db import transaction
 
 from django_outbox.engine import triggers
 from django_outbox.jobs.maintenance import sweep
@@ -46,6 +47,13 @@ ENQUEUE_AND_DIE = textwrap.dedent(
     raise SystemExit("unreachable: the process was killed at its commit")
     """
 )
+
+
+def wait_for_workers(count):
+    """Until *count* worker processes have written their heartbeat row."""
+    from django_outbox.engine.models import Worker
+
+    wait_for(lambda: Worker.objects.count() >= count, timeout=60, what=f"{count} workers")
 
 
 def jobs_worker(*args, **env):
@@ -137,8 +145,10 @@ def test_a_worker_killed_mid_job_is_rescued_within_seconds_and_the_job_runs_agai
 
 
 def test_a_long_job_keeps_its_lease_while_its_worker_lives(configure_outbox, tmp_path):
-    configure_outbox(JOBS={"LEASE_SECONDS": 1.0})
-    result = jobs.slow.enqueue("long", 4)
+    # The job outlasts its lease more than twice over, so it lives only if renewed; a
+    # renewal comes every beat (1 s) with 3 s to spare: one late beat loses nothing.
+    configure_outbox(JOBS={"LEASE_SECONDS": 4.0})
+    result = jobs.slow.enqueue("long", 10)
     worker = jobs_worker()
     try:
         deadline = time.monotonic() + 30
@@ -155,9 +165,13 @@ def test_a_long_job_keeps_its_lease_while_its_worker_lives(configure_outbox, tmp
 
 def test_two_workers_share_the_jobs_and_run_each_once():
     count = 400
-    results = [jobs.record_payment.enqueue(f"shared-{n}") for n in range(count)]
     workers = [jobs_worker("--batch", "20") for _ in range(2)]
     try:
+        # Both up before the jobs exist: one that booted a second sooner could otherwise
+        # run all 400 alone.
+        wait_for_workers(2)
+        with transaction.atomic():
+            results = [jobs.record_payment.enqueue(f"shared-{n}") for n in range(count)]
         wait_for(
             lambda: Job.objects.filter(state=JobState.SUCCESSFUL).count() == count,
             timeout=120,
@@ -285,19 +299,24 @@ def test_serial_unique_priority_and_run_after_with_two_workers():
     from django.utils import timezone
 
     accounts, entries = 4, 8
-    for n in range(entries):
-        for a in range(accounts):
-            jobs.ledger_entry.enqueue(account=f"a{a}", n=n)
-    later = jobs.add.using(run_after=timezone.now() + timezone.timedelta(seconds=2)).enqueue(1, 1)
     first = jobs.sync_customer.enqueue(customer="u")
-    lows = [jobs.add.using(priority=-10).enqueue(n, n) for n in range(10)]
-    urgent = jobs.add.using(priority=50).enqueue(0, 0)
+    # While the first is READY or RUNNING, the same unique key gives the same job.
+    assert jobs.sync_customer.enqueue(customer="u").id == first.id
+    first_pk = Job.objects.get(result_id=first.id).pk  # runs before the rest exist
     # One job per claim: the two workers interleave on every key, and each claim
-    # takes the highest priority that is due.
+    # takes the highest priority that is due. Both are up before the rest exist.
     workers = [jobs_worker("--batch", "1") for _ in range(2)]
     try:
-        # While the first is READY or RUNNING, the same unique key gives the same job.
-        assert jobs.sync_customer.enqueue(customer="u").id == first.id
+        wait_for_workers(2)
+        with transaction.atomic():
+            for n in range(entries):
+                for a in range(accounts):
+                    jobs.ledger_entry.enqueue(account=f"a{a}", n=n)
+            later = jobs.add.using(
+                run_after=timezone.now() + timezone.timedelta(seconds=2)
+            ).enqueue(1, 1)
+            lows = [jobs.add.using(priority=-10).enqueue(n, n) for n in range(10)]
+            urgent = jobs.add.using(priority=50).enqueue(0, 0)
         wait_for(
             lambda: (
                 Job.objects.filter(state=JobState.SUCCESSFUL).count()
@@ -324,8 +343,8 @@ def test_serial_unique_priority_and_run_after_with_two_workers():
     assert later.started_at >= later.enqueued_at + timezone.timedelta(seconds=2)
     assert Job.objects.filter(unique_key="sync-u").count() == 1
     # The highest priority is claimed first: among the first two jobs to start (the
-    # two workers' first claims), and before every low-priority one.
-    starts = sorted(Job.objects.values_list("started_at", "result_id"))
+    # two workers' first claims) once the rest existed, and before every low-priority one.
+    starts = sorted(Job.objects.exclude(pk=first_pk).values_list("started_at", "result_id"))
     urgent.refresh()
     assert uuid.UUID(urgent.id) in [rid for _, rid in starts[:2]]
     for low in lows:
