@@ -71,16 +71,37 @@ def manage_in(where: hosts.Host, *args: str, **env: str) -> Any:
     return read_as_it_comes(process)
 
 
+@pytest.fixture
+def witness():
+    """``witness(*command)`` starts a worker process with nothing to do and returns once
+    it has beaten for a whole ``WORKER_TIMEOUT_SECONDS``: a death is declared only
+    while another worker has been beating that long, and as in a deployment that
+    worker is already up when a host vanishes (else the bound would time its boot)."""
+    from django_outbox.engine.models import Worker
+
+    started: list[Any] = []
+
+    def start(*command: str) -> None:
+        started.append(read_as_it_comes(spawn_manage(*command, env=subprocess_env())))
+        wait_for(Worker.objects.exists, timeout=60, what="the witness's heartbeat")
+        time.sleep(get_settings().worker_timeout_seconds + get_settings().heartbeat_seconds)
+
+    yield start
+    for process in started:
+        finish(process, signal.SIGTERM)
+
+
 def snapshot(model: Any, *fields: str) -> list[tuple[Any, ...]]:
     return list(model.objects.order_by("pk").values_list("pk", *fields))
 
 
 def test_a_relay_cut_off_mid_batch_is_taken_over_and_its_late_writes_change_nothing(
-    host, configure_outbox, redis_url, queue_name, tmp_path: Path
+    host, witness, configure_outbox, redis_url, queue_name, tmp_path: Path
 ):
     settings = configure_outbox(
         DESTINATIONS={"default": {"TRANSPORT": "kombu", "URL": redis_url, "QUEUE": queue_name}}
     )
+    witness("jobs_worker", "--interval", "0.1")  # no jobs: it only beats
     ids = [str(django_outbox.send("order.created", {"n": n}).message_id) for n in range(20)]
     marker = tmp_path / "claimed"
     blocking = json.loads(json.dumps(settings))
@@ -132,8 +153,9 @@ def test_a_relay_cut_off_mid_batch_is_taken_over_and_its_late_writes_change_noth
 
 @pytest.mark.jobs
 def test_a_job_worker_cut_off_mid_job_is_taken_over_and_its_late_record_is_fenced(
-    host, tmp_path: Path
+    host, witness, tmp_path: Path
 ):
+    witness("outbox_relay", "--no-listen")  # no messages: it only beats
     marker = tmp_path / "started"
     result = jobs.slow.enqueue("cut-off-mid-job", 6, str(marker))  # wakes while cut off
     away = host("worker")
