@@ -302,7 +302,7 @@ def test_serial_unique_priority_and_run_after_with_two_workers():
     first = jobs.sync_customer.enqueue(customer="u")
     # While the first is READY or RUNNING, the same unique key gives the same job.
     assert jobs.sync_customer.enqueue(customer="u").id == first.id
-    first_pk = Job.objects.get(result_id=first.id).pk  # runs before the rest exist
+    first_pk = Job.objects.get(result_id=first.id).pk  # may run before the rest exist
     # One job per claim: the two workers interleave on every key, and each claim
     # takes the highest priority that is due. Both are up before the rest exist.
     workers = [jobs_worker("--batch", "1") for _ in range(2)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -74,9 +75,10 @@ def manage_in(where: hosts.Host, *args: str, **env: str) -> Any:
 @pytest.fixture
 def witness():
     """``witness(*command)`` starts a worker process with nothing to do and returns once
-    it has beaten for a whole ``WORKER_TIMEOUT_SECONDS``: a death is declared only
-    while another worker has been beating that long, and as in a deployment that
-    worker is already up when a host vanishes (else the bound would time its boot)."""
+    it beats. A death is declared only while another worker has been beating for a
+    whole ``WORKER_TIMEOUT_SECONDS``; as in a deployment, that worker is up before a
+    host vanishes, and the survivor's boot overlaps the timeout instead of adding to
+    it."""
     from django_outbox.engine.models import Worker
 
     started: list[Any] = []
@@ -84,11 +86,13 @@ def witness():
     def start(*command: str) -> None:
         started.append(read_as_it_comes(spawn_manage(*command, env=subprocess_env())))
         wait_for(Worker.objects.exists, timeout=60, what="the witness's heartbeat")
-        time.sleep(get_settings().worker_timeout_seconds + get_settings().heartbeat_seconds)
 
     yield start
     for process in started:
-        finish(process, signal.SIGTERM)
+        try:
+            finish(process, signal.SIGTERM)
+        except subprocess.TimeoutExpired:
+            finish(process, signal.SIGKILL)
 
 
 def snapshot(model: Any, *fields: str) -> list[tuple[Any, ...]]:
