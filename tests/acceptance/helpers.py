@@ -66,6 +66,13 @@ def start_command(*args: str, **env: str) -> subprocess.Popen[str]:
     return read_as_it_comes(spawn_manage(*args, env=subprocess_env(**env)))
 
 
+def wait_for_workers(count: int) -> None:
+    """Until *count* worker processes have written their heartbeat row."""
+    from django_outbox.engine.models import Worker
+
+    wait_for(lambda: Worker.objects.count() >= count, timeout=60, what=f"{count} worker(s)")
+
+
 def finish(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 20) -> str:
     """Signal a process started with ``read_as_it_comes``, wait, return its output."""
     if process.poll() is None:

@@ -19,7 +19,7 @@ from django_outbox.jobs.maintenance import sweep
 from django_outbox.jobs.models import Job, JobState
 from testproject.shop import jobs
 from testproject.shop.models import Payment
-from tests.acceptance.helpers import finish, read_as_it_comes, wait_for
+from tests.acceptance.helpers import finish, read_as_it_comes, wait_for, wait_for_workers
 from tests.acceptance.helpers import stop as stop_process
 from tests.conftest import ROOT, spawn_manage, subprocess_env
 
@@ -47,13 +47,6 @@ ENQUEUE_AND_DIE = textwrap.dedent(
     raise SystemExit("unreachable: the process was killed at its commit")
     """
 )
-
-
-def wait_for_workers(count):
-    """Until *count* worker processes have written their heartbeat row."""
-    from django_outbox.engine.models import Worker
-
-    wait_for(lambda: Worker.objects.count() >= count, timeout=60, what=f"{count} workers")
 
 
 def jobs_worker(*args, **env):

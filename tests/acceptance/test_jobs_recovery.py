@@ -17,7 +17,13 @@ from django_outbox.jobs.models import Job, JobBatch, JobState
 from django_outbox.jobs.running import WORKER_LOST
 from testproject.shop import jobs
 from testproject.shop.models import Payment
-from tests.acceptance.helpers import CeleryWorker, finish, start_command, wait_for
+from tests.acceptance.helpers import (
+    CeleryWorker,
+    finish,
+    start_command,
+    wait_for,
+    wait_for_workers,
+)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -35,7 +41,7 @@ def test_no_job_waits_behind_a_long_one_while_another_worker_is_free(tmp_path):
     release = tmp_path / "release"
     workers = [jobs_worker(), jobs_worker()]
     try:
-        wait_for(lambda: len(set(_worker_rows())) == 2, timeout=60, what="both workers")
+        wait_for_workers(2)
         with transaction.atomic():  # one claim takes them all: the long one first
             long = jobs.waits_for.enqueue("long", str(release))
             short = [jobs.record_payment.enqueue(f"short-{n}") for n in range(40)]
@@ -62,12 +68,6 @@ def test_no_job_waits_behind_a_long_one_while_another_worker_is_free(tmp_path):
     long_job.refresh_from_db()
     assert all(j.worker_ids[0] != long_job.worker_ids[0] for j in short_jobs), outputs
     assert all(j.attempts == 1 for j in short_jobs)  # handed back uncounted
-
-
-def _worker_rows():
-    from django_outbox.engine.models import Worker
-
-    return Worker.objects.values_list("pk", flat=True)
 
 
 def test_jobs_a_killed_worker_had_claimed_but_not_started_go_back_uncounted(tmp_path):

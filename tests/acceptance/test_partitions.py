@@ -27,7 +27,13 @@ from django_outbox.models import InboxMessage, OutboxMessage, OutboxState
 from testproject.shop import jobs
 from testproject.shop.models import Payment
 from tests import hosts, services
-from tests.acceptance.helpers import finish, kombu_ids_in_redis, read_as_it_comes, wait_for
+from tests.acceptance.helpers import (
+    finish,
+    kombu_ids_in_redis,
+    read_as_it_comes,
+    wait_for,
+    wait_for_workers,
+)
 from tests.conftest import ROOT, spawn_manage, subprocess_env
 
 pytestmark = [
@@ -79,13 +85,11 @@ def witness():
     whole ``WORKER_TIMEOUT_SECONDS``; as in a deployment, that worker is up before a
     host vanishes, and the survivor's boot overlaps the timeout instead of adding to
     it."""
-    from django_outbox.engine.models import Worker
-
     started: list[Any] = []
 
     def start(*command: str) -> None:
         started.append(read_as_it_comes(spawn_manage(*command, env=subprocess_env())))
-        wait_for(Worker.objects.exists, timeout=60, what="the witness's heartbeat")
+        wait_for_workers(1)
 
     yield start
     for process in started:
